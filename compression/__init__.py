@@ -1,0 +1,1 @@
+"""Compression: pruning, quantization and TFLite/SavedModel export with a trade-off report."""

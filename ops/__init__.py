@@ -1,0 +1,1 @@
+"""Ops: the canary rollout controller and deploy assets."""

@@ -1,0 +1,1 @@
+"""Research: data engineering, input pipelines, the model zoo and experiment configs."""

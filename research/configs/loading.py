@@ -1,0 +1,144 @@
+"""Load YAML files into validated pydantic models, with errors a person can act on.
+
+A config error must name the file, the line and the dotted key path
+(``spec.yaml:12: training.batch_size: expected int, got 'abc'``) because the
+people editing these files are not reading Python tracebacks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+_EXPECTED_BY_ERROR_TYPE = {
+    "int_parsing": "int",
+    "int_type": "int",
+    "int_from_float": "int",
+    "float_parsing": "float",
+    "float_type": "float",
+    "bool_parsing": "bool",
+    "bool_type": "bool",
+    "string_type": "str",
+    "list_type": "list",
+    "dict_type": "mapping",
+    "model_type": "mapping",
+    "model_attributes_type": "mapping",
+}
+
+
+class StrictModel(BaseModel):
+    """Base for config sections: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class ConfigError(ValueError):
+    """A config file is unreadable or invalid; the message names file, line and key."""
+
+
+def _line_map(node: yaml.Node, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> None:
+    """Record the 1-based line of every key path in a composed YAML tree."""
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            lines[(*path, key)] = key_node.start_mark.line + 1
+            _line_map(value_node, (*path, key), lines)
+            lines[(*path, key)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _line_map(item, (*path, index), lines)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    """Turn one pydantic error into 'expected X, got Y' wording where we can."""
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required key is missing"
+    expected = _EXPECTED_BY_ERROR_TYPE.get(kind)
+    if expected is not None:
+        return f"expected {expected}, got {error.get('input')!r}"
+    if kind == "literal_error":
+        allowed = error.get("ctx", {}).get("expected", "")
+        return f"expected one of {allowed}, got {error.get('input')!r}"
+    message = error["msg"]
+    return message.removeprefix("Value error, ")
+
+
+def _format_errors(
+    exc: pydantic.ValidationError, data: Any, source: str, lines: dict[tuple[Any, ...], int]
+) -> str:
+    messages = []
+    for error in exc.errors():
+        loc = _path_in_data(error["loc"], data)
+        dotted = ".".join(str(part) for part in loc) or "<root>"
+        line = _nearest_line(loc, lines)
+        where = f"{source}:{line}" if line else source
+        messages.append(f"{where}: {dotted}: {_describe(error)}")
+    return "\n".join(messages)
+
+
+def _path_in_data(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
+    """Drop the location parts pydantic adds that are not keys in the file (union tags)."""
+    path: list[Any] = []
+    node = data
+    for index, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif isinstance(node, dict) and index == len(loc) - 1:
+            pass  # a missing or unknown key: keep it, it is what the user must fix
+        else:
+            continue
+        path.append(part)
+    return tuple(path)
+
+
+def _nearest_line(loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> int | None:
+    for end in range(len(loc), -1, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None
+
+
+def parse_model(data: Any, model: type[ModelT], *, source: str = "<config>", text: str = "") -> ModelT:
+    """Validate already-parsed data; ``text`` (the YAML source) lets errors carry line numbers."""
+    lines: dict[tuple[Any, ...], int] = {}
+    if text:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is not None:
+            _line_map(node, (), lines)
+    try:
+        return model.model_validate(data if data is not None else {})
+    except pydantic.ValidationError as exc:
+        raise ConfigError(_format_errors(exc, data, source, lines)) from None
+
+
+def load_yaml_model(path: str | Path, model: type[ModelT]) -> ModelT:
+    """Read a YAML (or JSON) file into ``model``; every failure is a ConfigError."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}:1: <root>: expected mapping, got {type(data).__name__}")
+    return parse_model(data, model, source=str(path), text=text)

@@ -1,0 +1,162 @@
+"""The feature contract between the dataset writer and every reader.
+
+A feature's spec lives in ``manifest.json`` under ``features``; this module turns a
+record into a ``tf.train.Example`` and a spec into the matching parsing spec, so the
+two sides of the file format are written down exactly once.
+
+Encoding, per feature type:
+- numeric: ``float_list`` (float32) or ``int64_list`` (int64), ``shape`` values.
+- categorical: ``bytes_list`` with the UTF-8 value; readers map it to an id with the
+  manifest's ``vocabulary`` (out-of-vocabulary values get id ``len(vocabulary)``).
+- text: ``bytes_list`` with the UTF-8 text, plus ``<name>/token_ids`` (``int64_list``)
+  with the subword ids from the dataset's vocabulary.
+- image: ``bytes_list`` with a PNG of exactly ``height`` x ``width`` x ``channels``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+TOKEN_IDS_SUFFIX = "/token_ids"
+
+
+def token_ids_key(name: str) -> str:
+    """The Example key holding a text field's token ids."""
+    return f"{name}{TOKEN_IDS_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """One feature as recorded in the manifest."""
+
+    name: str
+    type: str  # numeric | categorical | text | image
+    dtype: str = "float32"  # numeric only: float32 | int64
+    shape: tuple[int, ...] = ()
+    height: int | None = None
+    width: int | None = None
+    channels: int | None = None
+    vocabulary: tuple[str, ...] = ()  # categorical: ids are positions in this list
+    vocabulary_file: str | None = None  # text: path of the subword vocabulary, dataset-relative
+    vocab_size: int | None = None  # text: number of token ids (ids are 0..vocab_size-1)
+    is_label: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_values(self) -> int:
+        return math.prod(self.shape) if self.shape else 1
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("name")
+        data["shape"] = list(self.shape)
+        data["vocabulary"] = list(self.vocabulary)
+        return {key: value for key, value in data.items() if value not in (None, [], {})}
+
+    @classmethod
+    def from_json(cls, name: str, data: Mapping[str, Any]) -> FeatureSpec:
+        return cls(
+            name=name,
+            type=data["type"],
+            dtype=data.get("dtype", "float32"),
+            shape=tuple(data.get("shape", ())),
+            height=data.get("height"),
+            width=data.get("width"),
+            channels=data.get("channels"),
+            vocabulary=tuple(data.get("vocabulary", ())),
+            vocabulary_file=data.get("vocabulary_file"),
+            vocab_size=data.get("vocab_size"),
+            is_label=bool(data.get("is_label", False)),
+            extra=dict(data.get("extra", {})),
+        )
+
+
+def features_from_json(data: Mapping[str, Mapping[str, Any]]) -> dict[str, FeatureSpec]:
+    return {name: FeatureSpec.from_json(name, spec) for name, spec in data.items()}
+
+
+def features_to_json(features: Mapping[str, FeatureSpec]) -> dict[str, dict[str, Any]]:
+    return {name: spec.to_json() for name, spec in features.items()}
+
+
+def _flat(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, list | tuple):
+        out: list[Any] = []
+        for item in value:
+            out.extend(_flat(item))
+        return out
+    return [value]
+
+
+def encode_example(
+    record: Mapping[str, Any],
+    features: Mapping[str, FeatureSpec],
+    token_ids: Mapping[str, Sequence[int]] | None = None,
+) -> bytes:
+    """Serialise one clean record as a ``tf.train.Example`` following the contract above.
+
+    A field missing from the record is left out of the Example; readers fill in the
+    documented default (0, empty string, no tokens).
+    """
+    from tensorflow.core.example import example_pb2
+
+    example = example_pb2.Example()
+    feature_map = example.features.feature
+    for name, spec in features.items():
+        value = record.get(name)
+        if value is None:
+            continue
+        if spec.type == "numeric":
+            values = _flat(value)
+            if spec.dtype == "int64":
+                feature_map[name].int64_list.value.extend(int(v) for v in values)
+            else:
+                feature_map[name].float_list.value.extend(float(v) for v in values)
+        elif spec.type == "image":
+            feature_map[name].bytes_list.value.append(bytes(value))
+        else:
+            text = value if isinstance(value, str) else str(value)
+            feature_map[name].bytes_list.value.append(text.encode("utf-8"))
+    for name, ids in (token_ids or {}).items():
+        feature_map[token_ids_key(name)].int64_list.value.extend(int(i) for i in ids)
+    return example.SerializeToString()
+
+
+def decode_example(serialized: bytes) -> dict[str, list[Any]]:
+    """Plain-Python view of an Example: key -> list of values (for checks and tests)."""
+    from tensorflow.core.example import example_pb2
+
+    example = example_pb2.Example.FromString(serialized)
+    out: dict[str, list[Any]] = {}
+    for key, feature in example.features.feature.items():
+        kind = feature.WhichOneof("kind")
+        out[key] = list(getattr(feature, kind).value) if kind else []
+    return out
+
+
+def parsing_spec(features: Mapping[str, FeatureSpec]) -> dict[str, Any]:
+    """The ``tf.io.parse_example`` spec that reads what ``encode_example`` wrote."""
+    import tensorflow as tf
+
+    spec: dict[str, Any] = {}
+    for name, feature in features.items():
+        if feature.type == "numeric":
+            dtype = tf.int64 if feature.dtype == "int64" else tf.float32
+            zero = 0 if dtype == tf.int64 else 0.0
+            default = [zero] * feature.num_values if feature.shape else zero
+            spec[name] = tf.io.FixedLenFeature(list(feature.shape), dtype, default_value=default)
+        elif feature.type in ("categorical", "image"):
+            spec[name] = tf.io.FixedLenFeature([], tf.string, default_value="")
+        elif feature.type == "text":
+            spec[name] = tf.io.FixedLenFeature([], tf.string, default_value="")
+            spec[token_ids_key(name)] = tf.io.VarLenFeature(tf.int64)
+        else:
+            raise ValueError(f"feature {name!r}: unknown type {feature.type!r}")
+    return spec

@@ -1,0 +1,1 @@
+"""Serving: the TensorFlow Serving-compatible gateway."""

@@ -1,0 +1,1 @@
+"""The ``slipway`` command line: one entry point over the five packages."""

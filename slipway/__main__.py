@@ -1,0 +1,3 @@
+from slipway.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Training: the trainer, distribution, checkpoints and export."""
