@@ -91,9 +91,7 @@ def _path_in_data(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
     path: list[Any] = []
     node = data
     for index, part in enumerate(loc):
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        if isinstance(node, dict) and part in node or isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
         elif isinstance(node, dict) and index == len(loc) - 1:
             pass  # a missing or unknown key: keep it, it is what the user must fix

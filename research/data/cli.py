@@ -1,0 +1,108 @@
+"""``slipway data build|validate|show``: dataset commands for researchers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from research.configs import ConfigError
+from research.data.manifest import DatasetError
+
+USER_ERRORS = (ConfigError, DatasetError)
+
+console = Console()
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    data = subparsers.add_parser("data", help="build, validate and inspect datasets")
+    commands = data.add_subparsers(dest="data_command", metavar="COMMAND", required=True)
+
+    build = commands.add_parser(
+        "build",
+        help="build TFRecord shards + manifest from a dataset spec (Apache Beam)",
+        description="Build a dataset. Options this command does not know (e.g. --runner "
+        "FlinkRunner, --flink_master=…) are passed to Apache Beam; the default runner is "
+        "Beam's in-process runner.",
+    )
+    build.add_argument("spec", type=Path, help="dataset spec YAML")
+    build.add_argument(
+        "-o", "--output", type=Path, help="dataset directory (default: datasets/<name>)"
+    )
+    build.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    build.set_defaults(handler=run_build, accepts_extra_args=True)
+
+    validate = commands.add_parser(
+        "validate",
+        help="verify shards against the manifest; compare statistics with a reference",
+    )
+    validate.add_argument("dataset", type=Path)
+    validate.add_argument("--reference", type=Path, help="reference dataset for drift checks")
+    validate.add_argument("--split", default="train", help="split compared for drift")
+    validate.add_argument("--json", action="store_true", help="print the report as JSON")
+    validate.set_defaults(handler=run_validate)
+
+    show = commands.add_parser("show", help="summarise a dataset's manifest")
+    show.add_argument("dataset", type=Path)
+    show.set_defaults(handler=run_show)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from research.data.pipeline import build_dataset
+    from research.data.report import render_report
+    from research.data.spec import load_spec
+
+    spec = load_spec(args.spec)
+    output = args.output or Path("datasets") / spec.name
+    started = time.monotonic()
+    with console.status(f"building dataset [bold]{spec.name}[/] with Apache Beam…"):
+        result = build_dataset(spec, output, overwrite=args.overwrite, beam_args=args.extra_args)
+    console.print(render_report(result.report, title=f"{spec.name}: data report"))
+    console.print(
+        f"wrote [bold]{result.output_dir}[/] in {time.monotonic() - started:.1f}s "
+        f"(spec {result.manifest.spec_hash[:12]})"
+    )
+    return 0
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    from research.data.validate import render_report, validate_dataset
+
+    report = validate_dataset(args.dataset, args.reference, split=args.split)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        console.print(render_report(report))
+    return 0 if report.ok else 1
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from research.data.manifest import load_manifest
+
+    manifest = load_manifest(args.dataset)
+    table = Table(title=f"{manifest.name} ({manifest.spec_hash[:12]})")
+    table.add_column("feature")
+    table.add_column("type")
+    table.add_column("details")
+    for name, feature in manifest.features.items():
+        details = {
+            "numeric": f"{feature.dtype} shape {list(feature.shape)}",
+            "categorical": f"{len(feature.vocabulary)} categories",
+            "text": f"vocabulary {feature.vocab_size or '-'} tokens",
+            "image": f"{feature.height}x{feature.width}x{feature.channels}",
+        }[feature.type]
+        table.add_row(name + (" (label)" if feature.is_label else ""), feature.type, details)
+    console.print(table)
+    splits = Table(title="splits")
+    splits.add_column("split")
+    splits.add_column("records", justify="right")
+    splits.add_column("shards", justify="right")
+    for name, split in manifest.splits.items():
+        splits.add_row(name, f"{split.num_records:,}", str(len(split.shards)))
+    console.print(splits)
+    return 0

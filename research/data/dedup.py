@@ -1,0 +1,543 @@
+"""Exact and near de-duplication of records, deterministic and memory-frugal.
+
+Whenever records collide, the one with the smallest ``_rank`` survives, so every run
+and every runner keeps the same record. Both transforms decide *which ranks to drop*
+from compact keys and only then filter the records against that (small) set: full
+records never cross a shuffle here. That matters on Beam's in-process runner, which
+holds everything that crosses a GroupByKey in memory as Python objects; so keys are
+also packed many to a shuffle element (per batch and hash partition) rather than one
+element per record.
+
+Near duplicates are found with MinHash and locality-sensitive hashing (LSH):
+
+- shingles are word or character n-grams of the case-folded text, hashed with a
+  stable hash (BLAKE2b for words, code points for characters, mixed n at a time);
+- each of ``num_perm`` hash functions ``(a*x + b) mod (2**61 - 1)`` with ``a, b`` from
+  a fixed-seed generator maps the shingles, and the signature keeps each minimum. The
+  arithmetic is exact and vectorised (numpy uint64), with ``x`` the top 32 bits of the
+  shingle hash;
+- the signature is cut into ``bands`` bands of ``rows`` rows, chosen to minimise the
+  false positive plus false negative probability around the threshold; records that
+  share a band's hash are candidates, and a candidate is dropped only when its
+  estimated Jaccard similarity to a smaller-ranked member reaches the threshold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from functools import lru_cache
+from typing import Literal
+
+import apache_beam as beam
+import numpy as np
+
+from research.data import records
+from research.data.records import RANK, Record
+from research.data.spec import NearDedupSpec
+
+MERSENNE_PRIME = (1 << 61) - 1
+# Above every hash value: the signature of a text without shingles.
+EMPTY_HASH = MERSENNE_PRIME
+PERMUTATION_SEED = 20_240_501
+_U64 = np.uint64
+_MASK32 = _U64(0xFFFFFFFF)
+
+# Records per batch when computing keys; shuffle keys per batch = partitions (x bands).
+BATCH_SIZE = 2048
+PARTITIONS = 32
+# Each member of an LSH bucket is checked against at most this many smaller-ranked
+# members (the smallest ones, which are the records that survive), so one huge bucket
+# costs linear rather than quadratic time.
+MAX_COMPARISONS = 64
+# How LSH errors are weighed when choosing bands x rows. A false positive only costs a
+# signature comparison, a false negative is a duplicate that stays: favour recall.
+FALSE_POSITIVE_WEIGHT = 0.2
+FALSE_NEGATIVE_WEIGHT = 0.8
+# numpy elements per (shingles x permutations) block: small enough to stay in cache.
+_BLOCK_ELEMENTS = 1 << 16
+
+_WORD = re.compile(r"\w+")
+_RECORDS = beam.coders.FastPrimitivesCoder()
+_EXACT_ENTRIES = beam.coders.IterableCoder(
+    beam.coders.TupleCoder([beam.coders.BytesCoder(), beam.coders.StrUtf8Coder()])
+)
+
+Shingle = Literal["word", "char"]
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def _mix(values: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser: a fixed bijection of uint64 that spreads every input bit."""
+    values = values ^ (values >> _U64(30))
+    values = values * _U64(0xBF58476D1CE4E5B9)
+    values = values ^ (values >> _U64(27))
+    values = values * _U64(0x94D049BB133111EB)
+    return values ^ (values >> _U64(31))
+
+
+@lru_cache(maxsize=1 << 18)
+def _word_hash(word: str) -> int:
+    return int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def record_id(rank: str) -> int:
+    """A 63-bit stand-in for a rank where ranks are too bulky to carry (LSH buckets)."""
+    digest = hashlib.blake2b(rank.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _units(texts: Sequence[str], shingle: Shingle) -> tuple[np.ndarray, np.ndarray]:
+    """Every text's words (hashed) or characters (code points), concatenated, and lengths."""
+    if shingle == "word":
+        tokens = [words(text) for text in texts]
+        lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(texts))
+        flat = [_word_hash(word) for words in tokens for word in words]
+        return np.array(flat, dtype=_U64), lengths
+    folded = [" ".join(text.casefold().split()) for text in texts]
+    lengths = np.fromiter((len(t) for t in folded), dtype=np.int64, count=len(texts))
+    points = np.frombuffer("".join(folded).encode("utf-32-le"), dtype="<u4")
+    return points.astype(_U64), lengths
+
+
+def words(text: str) -> list[str]:
+    """The words of a text as word shingles see them: case-folded, punctuation dropped."""
+    return _WORD.findall(text.casefold())
+
+
+def _ngrams(units: np.ndarray, ngram: int) -> np.ndarray:
+    """Hash every run of ``ngram`` consecutive units (order matters, stable across runs)."""
+    count = len(units) - ngram + 1
+    hashes = _mix(units[:count])
+    for offset in range(1, ngram):
+        hashes = _mix(hashes ^ units[offset : offset + count])
+    return hashes
+
+
+def _batch_shingles(
+    texts: Sequence[str], shingle: Shingle, ngram: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The shingle hashes of many texts at once, and which text each belongs to.
+
+    A text shorter than ``ngram`` units has one shingle (all its units), so short texts
+    still compare; an empty text has none.
+    """
+    units, lengths = _units(texts, shingle)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    owners = np.repeat(np.arange(len(texts)), lengths)
+    parts: list[np.ndarray] = []
+    part_owners: list[np.ndarray] = []
+    if len(units) >= ngram:
+        hashes = _ngrams(units, ngram)
+        window_owner = owners[: len(hashes)]
+        inside = np.arange(len(hashes)) + ngram <= ends[window_owner]
+        parts.append(hashes[inside])
+        part_owners.append(window_owner[inside])
+    for index in np.flatnonzero((lengths > 0) & (lengths < ngram)):
+        parts.append(_ngrams(units[starts[index] : ends[index]], int(lengths[index])))
+        part_owners.append(np.array([index]))
+    if not parts:
+        return np.empty(0, dtype=_U64), np.empty(0, dtype=np.int64)
+    hashes = np.concatenate(parts)
+    owner = np.concatenate(part_owners)
+    order = np.argsort(owner, kind="stable")
+    return hashes[order], owner[order]
+
+
+def shingle_hashes(text: str, shingle: Shingle = "word", ngram: int = 3) -> np.ndarray:
+    """The distinct shingle hashes of one text, sorted (uint64)."""
+    hashes, _ = _batch_shingles([text], shingle, ngram)
+    return np.unique(hashes)
+
+
+# --------------------------------------------------------------------------- MinHash
+
+
+@lru_cache(maxsize=16)
+def permutations(num_perm: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``a`` and ``b`` of every hash function: fixed, so signatures never vary."""
+    generator = np.random.default_rng(PERMUTATION_SEED)
+    a = generator.integers(1, MERSENNE_PRIME, size=num_perm, dtype=_U64)
+    b = generator.integers(0, MERSENNE_PRIME, size=num_perm, dtype=_U64)
+    a.flags.writeable = False
+    b.flags.writeable = False
+    return a, b
+
+
+def _minhash(hashes: np.ndarray, owner: np.ndarray, count: int, num_perm: int) -> np.ndarray:
+    """Signatures of ``count`` shingle sets given as hashes tagged with their set index.
+
+    Each block of shingles (rows) is mapped by every hash function (columns) in three
+    reused buffers: fresh large temporaries cost more in page faults than the arithmetic.
+    ``a * x`` needs up to 93 bits, so ``a`` is split into 32-bit halves and each partial
+    product folded with ``2**61 = 1 (mod p)``; every step stays below ``2**64``.
+    """
+    a, b = permutations(num_perm)
+    a_high, a_low = a >> _U64(32), a & _MASK32
+    prime = _U64(MERSENNE_PRIME)
+    signatures = np.full((count, num_perm), EMPTY_HASH, dtype=_U64)
+    step = max(1, _BLOCK_ELEMENTS // num_perm)
+    shape = (min(step, len(hashes)), num_perm)
+    buffers = [np.empty(shape, dtype=_U64) for _ in range(3)]
+    for begin in range(0, len(hashes), step):
+        x = (hashes[begin : begin + step] >> _U64(32))[:, None]
+        low, high, carry = (buffer[: len(x)] for buffer in buffers)
+        np.multiply(x, a_low, out=low)  # < 2**64
+        np.multiply(x, a_high, out=high)  # < 2**61, to be multiplied by 2**32
+        np.right_shift(high, _U64(29), out=carry)  # the part worth 2**61 = 1
+        high &= _U64((1 << 29) - 1)
+        high <<= _U64(32)  # the rest, < 2**61
+        carry += high
+        _fold(low, high, prime)
+        low += carry
+        low += b  # < 2**63
+        _fold(low, high, prime)
+        np.subtract(low, prime, out=high)  # wraps around unless low >= p
+        np.minimum(low, high, out=low)
+        block_owner = owner[begin : begin + step]
+        first = np.flatnonzero(np.r_[True, block_owner[1:] != block_owner[:-1]])
+        rows = block_owner[first]
+        signatures[rows] = np.minimum(signatures[rows], np.minimum.reduceat(low, first, axis=0))
+    return signatures
+
+
+def _fold(values: np.ndarray, scratch: np.ndarray, prime: np.uint64) -> None:
+    """In place: a congruent value mod ``2**61 - 1`` below ``2**61 + 8``."""
+    np.right_shift(values, _U64(61), out=scratch)
+    values &= prime
+    values += scratch
+
+
+def minhash_signature(hashes: np.ndarray, num_perm: int = 128) -> np.ndarray:
+    """The MinHash signature (uint64, length ``num_perm``) of one set of shingle hashes."""
+    hashes = np.asarray(hashes, dtype=_U64)
+    return _minhash(hashes, np.zeros(len(hashes), dtype=np.int64), 1, num_perm)[0]
+
+
+def text_signatures(
+    texts: Sequence[str], shingle: Shingle = "word", ngram: int = 3, num_perm: int = 128
+) -> np.ndarray:
+    """Signatures of many texts, one row each, computed together for speed."""
+    hashes, owner = _batch_shingles(texts, shingle, ngram)
+    return _minhash(hashes, owner, len(texts), num_perm)
+
+
+def estimate_jaccard(first: np.ndarray, second: np.ndarray) -> float:
+    """Fraction of agreeing signature positions: an unbiased Jaccard estimate."""
+    if first.shape != second.shape:
+        raise ValueError(f"signatures differ in length: {first.shape} vs {second.shape}")
+    return float(np.count_nonzero(first == second)) / len(first)
+
+
+# --------------------------------------------------------------------------- LSH
+
+
+@lru_cache(maxsize=64)
+def optimal_lsh_params(
+    threshold: float,
+    num_perm: int,
+    false_positive_weight: float = 0.5,
+    false_negative_weight: float = 0.5,
+) -> tuple[int, int]:
+    """The (bands, rows) with ``bands * rows <= num_perm`` minimising the weighted error.
+
+    Two sets of similarity s share some band with probability ``1 - (1 - s**r)**b``.
+    The false positive probability integrates it over s below the threshold, the false
+    negative probability integrates its complement above, as datasketch does.
+    """
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    below = np.linspace(0.0, threshold, 1001)
+    above = np.linspace(threshold, 1.0, 1001)
+    best, best_error = (1, 1), math.inf
+    for bands in range(1, num_perm + 1):
+        rows = np.arange(1, num_perm // bands + 1, dtype=np.float64)[:, None]
+        false_positive = np.trapezoid(1.0 - (1.0 - below**rows) ** bands, below, axis=1)
+        false_negative = np.trapezoid((1.0 - above**rows) ** bands, above, axis=1)
+        errors = false_positive_weight * false_positive + false_negative_weight * false_negative
+        index = int(np.argmin(errors))
+        if errors[index] < best_error:
+            best, best_error = (bands, index + 1), float(errors[index])
+    return best
+
+
+def band_hashes(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """One uint64 per (record, band): records agreeing on a band's rows share its hash."""
+    if bands * rows > signatures.shape[1]:
+        raise ValueError(f"{bands} bands x {rows} rows exceed {signatures.shape[1]} values")
+    out = np.empty((signatures.shape[0], bands), dtype=_U64)
+    for band in range(bands):
+        hashes = np.full(signatures.shape[0], band, dtype=_U64)
+        for column in range(band * rows, (band + 1) * rows):
+            hashes = _mix(hashes ^ signatures[:, column])
+        out[:, band] = hashes
+    return out
+
+
+# --------------------------------------------------------------------------- Beam
+
+
+def _batches(label: str) -> beam.PTransform:
+    return label >> beam.BatchElements(
+        min_batch_size=BATCH_SIZE, max_batch_size=BATCH_SIZE, record_metrics=False
+    )
+
+
+def _pack(batch: list[Record]) -> bytes:
+    """A batch of records as one compressed element, to wait for a decision compactly.
+
+    The records must wait until the drop set is known; Beam's in-process runner holds
+    waiting elements in memory several times over, and compressed batches of records
+    are about a quarter of their encoded size.
+    """
+    return zlib.compress(_RECORDS.encode(batch), 1)
+
+
+def _unpack(packed: bytes) -> list[Record]:
+    return _RECORDS.decode(zlib.decompress(packed))
+
+
+class _RemoveRanks(beam.PTransform):
+    """Unpack record batches, keeping the records whose rank is not in ``drops``."""
+
+    def __init__(self, drops: beam.PCollection, counter: str) -> None:
+        super().__init__()
+        self._drops = drops
+        self._counter = counter
+
+    def expand(self, packed: beam.PCollection) -> beam.PCollection:
+        return packed | beam.ParDo(_RemoveRanksFn(self._counter), beam.pvalue.AsList(self._drops))
+
+
+class _RemoveRanksFn(beam.DoFn):
+    def __init__(self, counter: str) -> None:
+        self._counter = counter
+        self._source: list[str] | None = None
+        self._drops: frozenset[str] = frozenset()
+
+    def process(self, packed: bytes, drops: list[str]) -> Iterator[Record]:
+        if drops is not self._source:  # the runner hands the same list within a bundle
+            self._source, self._drops = drops, frozenset(drops)
+        removed = 0
+        for record in _unpack(packed):
+            if record[RANK] in self._drops:
+                removed += 1
+            else:
+                yield record
+        if removed:
+            records.count(self._counter, removed)
+
+
+class DeduplicateExact(beam.PTransform):
+    """Keep one record per identical content: the one with the smallest rank.
+
+    Content is the SHA-256 of the canonical serialisation of ``fields`` (every public
+    field when None). Counter ``dedup.exact.merged`` counts the records removed.
+    """
+
+    def __init__(self, fields: list[str] | None = None) -> None:
+        super().__init__()
+        self._fields = sorted(fields) if fields is not None else None
+
+    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
+        batches = pcoll | _batches("Batch")
+        drops = (
+            batches
+            | "Digest" >> beam.FlatMap(_digest_partitions, self._fields)
+            | "Shuffle" >> beam.GroupByKey()
+            | "Duplicates" >> beam.FlatMap(_larger_ranks)
+        )
+        packed = batches | "Pack" >> beam.Map(_pack)
+        return packed | "Remove" >> _RemoveRanks(drops, "dedup.exact.merged")
+
+
+def _digest_partitions(
+    batch: list[Record], fields: list[str] | None
+) -> Iterator[tuple[int, bytes]]:
+    """(partition, packed [(digest, rank)...]): one shuffle element per partition."""
+    entries: dict[int, list[tuple[bytes, str]]] = {}
+    for record in batch:
+        digest = records.content_digest(record, fields)
+        entries.setdefault(digest[0] % PARTITIONS, []).append((digest, record[RANK]))
+    for partition, items in sorted(entries.items()):
+        yield partition, _EXACT_ENTRIES.encode(items)
+
+
+def _larger_ranks(item: tuple[int, Iterable[bytes]]) -> Iterator[str]:
+    """Every rank that is not the smallest among the records with its digest."""
+    smallest: dict[bytes, str] = {}
+    for packed in item[1]:
+        for digest, rank in _EXACT_ENTRIES.decode(packed):
+            kept = smallest.get(digest)
+            if kept is None:
+                smallest[digest] = rank
+            elif rank < kept:
+                smallest[digest] = rank
+                yield kept
+            else:
+                yield rank
+
+
+class DeduplicateNear(beam.PTransform):
+    """Drop records whose text is a near duplicate of a smaller-ranked record's.
+
+    Records without text (None or no shingles) are never near duplicates. Counter
+    ``dedup.near.merged`` counts the records removed.
+    """
+
+    def __init__(self, spec: NearDedupSpec) -> None:
+        super().__init__()
+        self._spec = spec
+        self._bands, self._rows = optimal_lsh_params(
+            spec.threshold, spec.num_perm, FALSE_POSITIVE_WEIGHT, FALSE_NEGATIVE_WEIGHT
+        )
+
+    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
+        spec = self._spec
+        batches = pcoll | _batches("Batch")
+        buckets = (
+            batches
+            | "Bands" >> beam.FlatMap(_band_partitions, spec, self._bands, self._rows)
+            | "ShuffleBands" >> beam.GroupByKey()
+            | "Buckets" >> beam.FlatMap(_shared_buckets)
+        )
+        memberships = (
+            buckets
+            | "Memberships" >> beam.Map(_membership_rows)
+            | "CollectMemberships" >> beam.combiners.ToList().without_defaults()
+            | "MembershipTable" >> beam.Map(_membership_table)
+        )
+        packed = batches | "Pack" >> beam.Map(_pack)
+        needed = math.ceil(spec.threshold * spec.num_perm - 1e-9)
+        drops = (
+            packed
+            | "SignaturesToBuckets"
+            >> beam.ParDo(
+                _SignaturesToBuckets(spec), beam.pvalue.AsSingleton(memberships, default_value=b"")
+            )
+            | "GroupBuckets" >> beam.GroupByKey()
+            | "Verify" >> beam.FlatMap(_verify_bucket, needed)
+        )
+        return packed | "Remove" >> _RemoveRanks(drops, "dedup.near.merged")
+
+
+def _texts(batch: list[Record], field: str) -> list[str]:
+    return [value if isinstance(value := record.get(field), str) else "" for record in batch]
+
+
+def _band_partitions(
+    batch: list[Record], spec: NearDedupSpec, bands: int, rows: int
+) -> Iterator[tuple[int, bytes]]:
+    """((band, partition), packed [(band hash, record id)...]) per band and partition."""
+    signatures = text_signatures(_texts(batch, spec.field), spec.shingle, spec.ngram, spec.num_perm)
+    present = np.flatnonzero(signatures[:, 0] != _U64(EMPTY_HASH))
+    if not len(present):
+        return
+    ids = np.array([record_id(batch[i][RANK]) for i in present], dtype=_U64)
+    hashes = band_hashes(signatures[present], bands, rows)
+    shift = _U64(64 - int(math.log2(PARTITIONS)))
+    for band in range(bands):
+        column = hashes[:, band]
+        partitions = column >> shift
+        order = np.argsort(partitions, kind="stable")
+        sorted_parts = partitions[order]
+        boundaries = np.flatnonzero(np.r_[True, sorted_parts[1:] != sorted_parts[:-1]])
+        for begin, end in zip(boundaries, np.r_[boundaries[1:], len(order)], strict=True):
+            chosen = order[begin:end]
+            packed = np.stack([column[chosen], ids[chosen]], axis=1).tobytes()
+            yield band * PARTITIONS + int(sorted_parts[begin]), packed
+
+
+def _shared_buckets(item: tuple[int, Iterable[bytes]]) -> Iterator[bytes]:
+    """The record ids (sorted, packed) of every band hash shared by two or more records."""
+    entries = np.frombuffer(b"".join(item[1]), dtype=_U64).reshape(-1, 2)
+    entries = entries[np.lexsort((entries[:, 1], entries[:, 0]))]
+    hashes = entries[:, 0]
+    starts = np.flatnonzero(np.r_[True, hashes[1:] != hashes[:-1]])
+    ends = np.r_[starts[1:], len(hashes)]
+    for begin, end in zip(starts, ends, strict=True):
+        if end - begin > 1:
+            yield entries[begin:end, 1].tobytes()
+
+
+def _membership_rows(bucket: bytes) -> bytes:
+    """Packed (record id, bucket key) rows; equal buckets (from other bands) share a key."""
+    ids = np.frombuffer(bucket, dtype=_U64)
+    key = int.from_bytes(hashlib.blake2b(bucket, digest_size=8).digest(), "little") >> 1
+    return np.stack([ids, np.full(len(ids), key, dtype=_U64)], axis=1).tobytes()
+
+
+def _membership_table(rows: list[bytes]) -> bytes:
+    """Every distinct (record id, bucket key) row, sorted, as one packed array."""
+    table = np.frombuffer(b"".join(rows), dtype=_U64).reshape(-1, 2)
+    return np.unique(table, axis=0).tobytes()
+
+
+class _SignaturesToBuckets(beam.DoFn):
+    """(bucket key, (rank, 32-bit signature)) for every bucket a record sits in.
+
+    Signatures are recomputed for the few records in some bucket rather than carried
+    for all of them; the low 32 bits of each value are plenty to tell equal values apart.
+    """
+
+    def __init__(self, spec: NearDedupSpec) -> None:
+        self._spec = spec
+        self._source: bytes | None = None
+        self._table = np.empty((0, 2), dtype=_U64)
+
+    def process(self, packed: bytes, memberships: bytes) -> Iterator[tuple[int, tuple[str, bytes]]]:
+        if memberships is not self._source:  # the runner hands the same value within a bundle
+            self._source = memberships
+            self._table = np.frombuffer(memberships, dtype=_U64).reshape(-1, 2)
+        if not len(self._table):
+            return
+        batch = _unpack(packed)
+        ids = np.array([record_id(record[RANK]) for record in batch], dtype=_U64)
+        first = np.searchsorted(self._table[:, 0], ids, side="left")
+        last = np.searchsorted(self._table[:, 0], ids, side="right")
+        chosen = np.flatnonzero(last > first)
+        if not len(chosen):
+            return
+        spec = self._spec
+        texts = _texts([batch[i] for i in chosen], spec.field)
+        signatures = text_signatures(texts, spec.shingle, spec.ngram, spec.num_perm)
+        compact = (signatures & _MASK32).astype(np.uint32)
+        for row, index in enumerate(chosen):
+            value = (batch[index][RANK], compact[row].tobytes())
+            for key in self._table[first[index] : last[index], 1]:
+                yield int(key), value
+
+
+def _verify_bucket(item: tuple[bytes, Iterable[tuple[str, bytes]]], needed: int) -> Iterator[str]:
+    """Ranks in a bucket agreeing with a smaller rank in ``needed`` signature positions."""
+    members = dict(item[1])
+    ranks = sorted(members)
+    if len(ranks) < 2:
+        return
+    matrix = np.frombuffer(b"".join(members[rank] for rank in ranks), dtype=np.uint32)
+    for row in near_duplicate_rows(matrix.reshape(len(ranks), -1), needed):
+        yield ranks[row]
+
+
+def near_duplicate_rows(signatures: np.ndarray, needed: int) -> list[int]:
+    """Rows (in rank order) agreeing in ``needed`` positions with an earlier row.
+
+    Each row is compared with at most ``MAX_COMPARISONS`` earlier rows: the first ones,
+    the records most likely to be kept.
+    """
+    reference = signatures[:MAX_COMPARISONS]
+    duplicates: list[int] = []
+    chunk = max(1, _BLOCK_ELEMENTS // max(1, reference.size))
+    for begin in range(1, len(signatures), chunk):
+        rows = signatures[begin : begin + chunk]
+        agree = (rows[:, None, :] == reference[None, :, :]).sum(axis=2)
+        earlier = np.arange(len(reference))[None, :] < np.arange(begin, begin + len(rows))[:, None]
+        hits = ((agree >= needed) & earlier).any(axis=1)
+        duplicates.extend(int(begin + row) for row in np.flatnonzero(hits))
+    return duplicates

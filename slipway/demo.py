@@ -1,0 +1,87 @@
+"""The end-to-end story, run by ``make demo``: from raw data to (eventually) live traffic.
+
+Every step runs the real ``slipway`` commands a user would type, in this process so
+TensorFlow loads once, and prints the command first so it can be repeated by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+from rich.rule import Rule
+
+from slipway.cli import main as slipway
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+console = Console()
+
+
+def run(*argv: str) -> None:
+    console.print(f"[bold cyan]$ slipway {shlex.join(argv)}[/]")
+    code = slipway(list(argv))
+    if code != 0:
+        raise SystemExit(f"demo step failed (exit {code}): slipway {shlex.join(argv)}")
+
+
+def write_raw_data(raw: Path) -> None:
+    """Digits (shipped with scikit-learn) and a generated text corpus, plus their specs."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    from research.data.synthetic import write_corpus_jsonl
+
+    raw.mkdir(parents=True, exist_ok=True)
+    digits = load_digits()
+    images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
+    np.savez(raw / "digits.npz", images=images, target=digits.target)
+    for index, (image, label) in enumerate(zip(images, digits.target, strict=True)):
+        folder = raw / "digits_images" / str(label)
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image, mode="L").save(folder / f"{index:04d}.png")
+    write_corpus_jsonl(raw / "corpus.jsonl", 5000, seed=7)
+    for spec in (EXAMPLES / "data").glob("*.yaml"):
+        shutil.copy(spec, raw / spec.name)
+
+
+def data_story(workdir: Path) -> None:
+    raw, datasets = workdir / "raw", workdir / "datasets"
+    console.print(Rule("1. Data engineering"))
+    write_raw_data(raw)
+    for name, spec in (("digits", "digits.yaml"), ("digits-images", "digits_images.yaml"),
+                       ("corpus", "corpus.yaml")):
+        run("data", "build", str(raw / spec), "-o", str(datasets / name), "--overwrite")
+    run("data", "show", str(datasets / "corpus"))
+    run("data", "validate", str(datasets / "digits-images"), "--reference",
+        str(datasets / "digits"))
+    run("data", "validate", str(datasets / "corpus"))
+    show_input_pipeline(datasets / "corpus")
+
+
+def show_input_pipeline(dataset: Path) -> None:
+    from research.data.input_pipeline import make_dataset
+    from research.data.manifest import load_manifest
+
+    features, labels = next(iter(make_dataset(dataset, "train", batch_size=4, seed=0)))
+    if not isinstance(labels, dict):
+        labels = {load_manifest(dataset).labels[0]: labels}
+    console.print("a training batch from the tf.data input pipeline:")
+    for name, tensor in {**features, **labels}.items():
+        console.print(f"  {name}: {tensor.dtype.name} {tuple(tensor.shape)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Run Slipway's end-to-end demo.")
+    parser.add_argument("--workdir", type=Path, default=Path("out/demo"))
+    args = parser.parse_args()
+    data_story(args.workdir)
+    console.print(Rule("done"))
+    console.print(f"everything the demo made is under [bold]{args.workdir}[/]")
+
+
+if __name__ == "__main__":
+    main()

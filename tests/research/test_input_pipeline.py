@@ -1,0 +1,425 @@
+"""The tf.data input pipeline reads back exactly what the dataset writer encoded."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from research.data.features import TOKEN_IDS_SUFFIX, FeatureSpec, encode_example
+from research.data.input_pipeline import (
+    PAD_ID,
+    UNK_ID,
+    ImageAugmentation,
+    describe_inputs,
+    make_dataset,
+)
+from research.data.manifest import (
+    DatasetError,
+    Manifest,
+    ShardInfo,
+    SplitInfo,
+    sha256_file,
+    write_manifest,
+)
+
+Record = dict[str, Any]
+
+
+def png(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    image = array[:, :, 0] if array.shape[2] == 1 else array
+    Image.fromarray(image.astype(np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def write_dataset(
+    root: Path,
+    features: Sequence[FeatureSpec],
+    splits: Mapping[str, Sequence[Sequence[Record]]],
+    *,
+    labels: Sequence[str] = (),
+    compression: str = "none",
+    statistics: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """Write ``split -> shards -> records`` as TFRecord shards plus a manifest.
+
+    A record's ``<text>/token_ids`` key carries that text field's token ids.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    specs = {spec.name: spec for spec in features}
+    options = tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
+    split_infos = {}
+    for split, shards in splits.items():
+        infos = []
+        for index, records in enumerate(shards):
+            name = f"{split}-{index:05d}-of-{len(shards):05d}.tfrecord"
+            path = root / name
+            with tf.io.TFRecordWriter(str(path), options) as writer:
+                for record in records:
+                    token_ids = {
+                        key.removesuffix(TOKEN_IDS_SUFFIX): ids
+                        for key, ids in record.items()
+                        if key.endswith(TOKEN_IDS_SUFFIX)
+                    }
+                    writer.write(encode_example(record, specs, token_ids))
+            infos.append(ShardInfo(name, len(records), sha256_file(path), os.path.getsize(path)))
+        split_infos[split] = SplitInfo(split, tuple(infos))
+    manifest = Manifest(
+        name="fixture",
+        spec_hash="0" * 64,
+        compression=compression,
+        features=specs,
+        labels=list(labels),
+        splits=split_infos,
+        statistics=dict(statistics or {}),
+    )
+    write_manifest(root, manifest)
+    return manifest
+
+
+def ids_dataset(root: Path, num_shards: int, per_shard: int, split: str = "train") -> list[int]:
+    """A dataset whose only feature is the record's id; returns every id written."""
+    shards = [
+        [{"id": shard * per_shard + i} for i in range(per_shard)] for shard in range(num_shards)
+    ]
+    write_dataset(root, [FeatureSpec("id", "numeric", dtype="int64")], {split: shards})
+    return [record["id"] for shard in shards for record in shard]
+
+
+def round_robin(num_shards: int, per_shard: int) -> list[int]:
+    """The unshuffled order: one record from each shard in turn."""
+    return [shard * per_shard + i for i in range(per_shard) for shard in range(num_shards)]
+
+
+def collect_ids(dataset: tf.data.Dataset) -> list[int]:
+    return [int(i) for batch in dataset for i in batch["id"].numpy()]
+
+
+def worker(index: int, count: int = 2) -> tf.distribute.InputContext:
+    return tf.distribute.InputContext(
+        num_input_pipelines=count, input_pipeline_id=index, num_replicas_in_sync=count
+    )
+
+
+COLORS = ("red", "green", "blue")
+IMAGE_SHAPE = (4, 5, 3)
+RNG = np.random.default_rng(7)
+IMAGES = [RNG.integers(0, 256, IMAGE_SHAPE, dtype=np.uint8) for _ in range(4)]
+
+EVERY_TYPE = [
+    FeatureSpec("x", "numeric"),
+    FeatureSpec("vec", "numeric", shape=(3,)),
+    FeatureSpec("count", "numeric", dtype="int64"),
+    FeatureSpec("color", "categorical", vocabulary=COLORS),
+    FeatureSpec("body", "text", vocab_size=50),
+    FeatureSpec("img", "image", height=4, width=5, channels=3),
+    FeatureSpec("label", "categorical", vocabulary=("cat", "dog"), is_label=True),
+]
+EVERY_TYPE_RECORDS = [
+    {"x": 0.5, "vec": [1, 2, 3], "count": 7, "color": "blue", "body": "a b",
+     "body/token_ids": [5, 6], "img": png(IMAGES[0]), "label": "dog"},
+    {"x": -1.25, "vec": [4, 5, 6], "count": -3, "color": "purple", "body": "c d e f g h",
+     "body/token_ids": [7, 8, 9, 10, 11, 12], "img": png(IMAGES[1]), "label": "cat"},
+    {"x": 2.0, "vec": [0, 0, 1], "count": 2**40, "color": "red", "body": "",
+     "body/token_ids": [], "img": png(IMAGES[2]), "label": "bird"},
+    {"x": 3.0, "vec": [1, 1, 1], "count": 0, "body": "i",
+     "body/token_ids": [13], "img": png(IMAGES[3]), "label": "cat"},
+]  # fmt: skip
+
+
+@pytest.fixture
+def every_type(tmp_path: Path) -> Path:
+    stats = {"train": {"features": {"body": {"token_quantiles": {"p50": 2, "p100": 6}}}},
+             "test": {"features": {"body": {"token_quantiles": {"p100": 5}}}}}  # fmt: skip
+    write_dataset(
+        tmp_path,
+        EVERY_TYPE,
+        # unshuffled reading alternates between shards: records come back as 0, 1, 2, 3
+        {"train": [EVERY_TYPE_RECORDS[0::2], EVERY_TYPE_RECORDS[1::2]], "test": [[]]},
+        labels=["label"],
+        statistics=stats,
+    )
+    return tmp_path
+
+
+def test_every_feature_type_round_trips(every_type: Path) -> None:
+    dataset = make_dataset(every_type, "train", batch_size=8, shuffle=False, sequence_length=4)
+    batches = list(dataset)
+    assert len(batches) == 1
+    features, label = batches[0]
+
+    assert set(features) == {"x", "vec", "count", "color", "body", "img"}
+    assert features["x"].dtype == tf.float32
+    np.testing.assert_allclose(features["x"].numpy(), [0.5, -1.25, 2.0, 3.0])
+    assert features["vec"].dtype == tf.float32 and features["vec"].shape == (4, 3)
+    np.testing.assert_allclose(
+        features["vec"].numpy(), [[1, 2, 3], [4, 5, 6], [0, 0, 1], [1, 1, 1]]
+    )
+    assert features["count"].dtype == tf.int64
+    assert features["count"].numpy().tolist() == [7, -3, 2**40, 0]
+    # blue, out-of-vocabulary, red, missing -> OOV id len(vocabulary)
+    assert features["color"].dtype == tf.int64
+    assert features["color"].numpy().tolist() == [2, 3, 0, 3]
+    # padded with 0 and truncated to sequence_length
+    assert features["body"].dtype == tf.int32
+    assert features["body"].numpy().tolist() == [
+        [5, 6, 0, 0],
+        [7, 8, 9, 10],
+        [0, 0, 0, 0],
+        [13, 0, 0, 0],
+    ]
+    assert features["img"].dtype == tf.float32 and features["img"].shape == (4, *IMAGE_SHAPE)
+    np.testing.assert_allclose(features["img"].numpy(), np.stack(IMAGES) / 255.0, atol=1e-6)
+    # cat, dog; an unknown class gets the OOV id
+    assert label.dtype == tf.int64
+    assert label.numpy().tolist() == [1, 0, 2, 0]
+
+
+def test_sequence_length_defaults_to_longest_in_statistics(every_type: Path) -> None:
+    (features, _), *_ = make_dataset(every_type, "train", batch_size=8, shuffle=False)
+    assert features["body"].shape == (4, 6)
+    assert features["body"].numpy()[1].tolist() == [7, 8, 9, 10, 11, 12]
+    assert describe_inputs(every_type)["body"]["shape"] == (6,)
+
+
+def test_sequence_length_without_statistics_is_the_longest_in_the_batch(tmp_path: Path) -> None:
+    records = [{"t": "x", "t/token_ids": [4] * n} for n in (1, 3, 2, 5)]
+    write_dataset(tmp_path, [FeatureSpec("t", "text", vocab_size=9)], {"train": [records]})
+    dataset = make_dataset(tmp_path, "train", batch_size=2, shuffle=False)
+    assert [batch["t"].shape[1] for batch in dataset] == [3, 5]
+    assert describe_inputs(tmp_path)["t"]["shape"] == (None,)
+
+
+def test_features_subset_and_describe_inputs(every_type: Path) -> None:
+    dataset = make_dataset(
+        every_type, "train", batch_size=2, shuffle=False, features=["count", "body"]
+    )
+    features, label = next(iter(dataset))
+    assert set(features) == {"count", "body"}
+    assert label.shape == (2,)
+    with pytest.raises(ValueError, match="label"):
+        make_dataset(every_type, "train", batch_size=2, features=["label"])
+
+    described = describe_inputs(every_type, sequence_length=16)
+    assert described["color"] == {"type": "categorical", "label": False, "shape": (),
+                                  "dtype": "int64", "vocab_size": 4}  # fmt: skip
+    assert described["label"]["num_classes"] == 2 and described["label"]["label"]
+    assert described["body"]["shape"] == (16,) and described["body"]["vocab_size"] == 50
+    assert described["img"]["shape"] == IMAGE_SHAPE
+    assert described["vec"]["shape"] == (3,) and described["count"]["dtype"] == "int64"
+
+
+def test_several_labels_come_as_a_dict_and_none_as_features_only(tmp_path: Path) -> None:
+    specs = [
+        FeatureSpec("x", "numeric"),
+        FeatureSpec("topic", "categorical", vocabulary=("news", "sport")),
+        FeatureSpec("score", "numeric", dtype="int64"),
+    ]
+    records = [{"x": 1.0, "topic": "sport", "score": 3}, {"x": 2.0, "topic": "news", "score": 5}]
+    write_dataset(tmp_path / "multi", specs, {"train": [records]}, labels=["topic", "score"])
+    features, labels = next(
+        iter(make_dataset(tmp_path / "multi", "train", batch_size=2, shuffle=False))
+    )
+    assert set(features) == {"x"}
+    assert set(labels) == {"topic", "score"}
+    assert labels["topic"].dtype == tf.int64 and labels["topic"].numpy().tolist() == [1, 0]
+    assert labels["score"].dtype == tf.float32 and labels["score"].numpy().tolist() == [3.0, 5.0]
+
+    write_dataset(tmp_path / "unlabelled", specs, {"train": [records]})
+    element = next(iter(make_dataset(tmp_path / "unlabelled", "train", batch_size=2)))
+    assert isinstance(element, dict) and set(element) == {"x", "topic", "score"}
+
+
+def test_workers_shard_by_file_when_there_are_enough_files(tmp_path: Path) -> None:
+    every_id = ids_dataset(tmp_path, num_shards=4, per_shard=5)
+    parts = [
+        collect_ids(make_dataset(tmp_path, "train", batch_size=3, input_context=worker(i)))
+        for i in range(2)
+    ]
+    assert not set(parts[0]) & set(parts[1])
+    assert sorted(parts[0] + parts[1]) == every_id
+    for part in parts:  # each worker reads two whole files
+        files = {i // 5 for i in part}
+        assert len(files) == 2
+        assert sorted(part) == [i for f in sorted(files) for i in range(5 * f, 5 * f + 5)]
+
+
+@pytest.mark.parametrize(("num_shards", "num_workers"), [(1, 2), (3, 4)])
+def test_workers_shard_by_record_when_files_are_fewer(
+    tmp_path: Path, num_shards: int, num_workers: int
+) -> None:
+    every_id = ids_dataset(tmp_path, num_shards=num_shards, per_shard=21)
+    parts = [
+        collect_ids(
+            make_dataset(
+                tmp_path,
+                "train",
+                batch_size=4,
+                input_context=worker(i, num_workers),
+                deterministic=False,  # must not break the partition
+            )
+        )
+        for i in range(num_workers)
+    ]
+    assert sorted(i for part in parts for i in part) == every_id  # complete, no duplicates
+    sizes = [len(part) for part in parts]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_seeded_shuffle_is_reproducible(tmp_path: Path) -> None:
+    every_id = ids_dataset(tmp_path, num_shards=3, per_shard=40)
+
+    def order(seed: int, **kwargs: Any) -> list[int]:
+        return collect_ids(make_dataset(tmp_path, "train", batch_size=7, seed=seed, **kwargs))
+
+    first = order(1)
+    assert first == order(1)
+    assert order(1, cache=True) == first
+    assert first != order(2)
+    assert first != round_robin(3, 40) and sorted(first) == every_id
+    assert order(1, shuffle=False) == round_robin(3, 40)
+
+    epochs = collect_ids(
+        make_dataset(tmp_path, "train", batch_size=8, seed=1, repeat=True).take(30)
+    )
+    assert epochs[:120] == first  # an epoch is the same stream whatever the batch size
+    assert sorted(epochs[120:240]) == every_id and epochs[120:240] != first
+
+
+def test_only_train_shuffles_by_default(tmp_path: Path) -> None:
+    ids_dataset(tmp_path, num_shards=2, per_shard=30, split="validation")
+    assert collect_ids(make_dataset(tmp_path, "validation", batch_size=7)) == round_robin(2, 30)
+
+
+def test_augmentation_and_token_dropout_change_inputs_only(tmp_path: Path) -> None:
+    images = [RNG.integers(0, 256, (6, 6, 1), dtype=np.uint8) for _ in range(16)]
+    specs = [
+        FeatureSpec("img", "image", height=6, width=6, channels=1),
+        FeatureSpec("t", "text", vocab_size=100),
+        FeatureSpec("y", "text", vocab_size=100, is_label=True),
+    ]
+    records = [
+        {"img": png(image), "t": "x", "t/token_ids": list(range(10, 30)),
+         "y": "x", "y/token_ids": list(range(10, 30))}
+        for image in images
+    ]  # fmt: skip
+    write_dataset(tmp_path, specs, {"train": [records]}, labels=["y"])
+    original = np.stack(images).astype(np.float32) / 255.0
+
+    flipped = make_dataset(
+        tmp_path, "train", batch_size=16, shuffle=False, augment=ImageAugmentation(flip=True)
+    )
+    images_out = next(iter(flipped))[0]["img"].numpy()
+    is_original = [np.allclose(a, b) for a, b in zip(images_out, original, strict=True)]
+    is_mirror = [np.allclose(a, b[:, ::-1]) for a, b in zip(images_out, original, strict=True)]
+    assert all(o or m for o, m in zip(is_original, is_mirror, strict=True))
+    assert any(is_mirror) and not all(is_mirror)
+
+    augment = ImageAugmentation(flip=False, crop_padding=2, brightness_delta=0.3)
+    dataset = make_dataset(
+        tmp_path, "train", batch_size=16, sequence_length=24, shuffle=False,
+        augment=augment, token_dropout=0.5,
+    )  # fmt: skip
+    features, label = next(iter(dataset))
+    shifted = features["img"].numpy()
+    assert shifted.shape == original.shape
+    assert shifted.min() >= 0.0 and shifted.max() <= 1.0
+    assert not np.allclose(shifted, original)
+    tokens = features["t"].numpy()
+    assert (tokens[:, 20:] == PAD_ID).all()
+    dropped = tokens[:, :20] == UNK_ID
+    assert 0.3 < dropped.mean() < 0.7
+    assert (tokens[:, :20][~dropped] == np.tile(np.arange(10, 30), (16, 1))[~dropped]).all()
+    assert (label.numpy()[:, :20] == np.arange(10, 30)).all()  # labels are never augmented
+
+
+def test_iterator_checkpoint_restores_the_exact_position(tmp_path: Path) -> None:
+    images = [RNG.integers(0, 256, (8, 8, 3), dtype=np.uint8) for _ in range(60)]
+    specs = [
+        FeatureSpec("img", "image", height=8, width=8, channels=3),
+        FeatureSpec("t", "text", vocab_size=100),
+        FeatureSpec("label", "numeric", dtype="int64", is_label=True),
+    ]
+    records = [
+        {"img": png(image), "t": "x", "t/token_ids": list(range(2, 2 + i % 9)), "label": i}
+        for i, image in enumerate(images)
+    ]
+    write_dataset(
+        tmp_path / "data", specs, {"train": [records[:25], records[25:]]}, labels=["label"]
+    )
+
+    def build() -> tf.data.Dataset:
+        return make_dataset(
+            tmp_path / "data", "train", batch_size=7, seed=3, repeat=True, shuffle_buffer=16,
+            sequence_length=8, augment=ImageAugmentation(crop_padding=1, brightness_delta=0.2),
+            token_dropout=0.3,
+        )  # fmt: skip
+
+    def take(iterator: Any, n: int) -> list[Any]:
+        return [tf.nest.map_structure(lambda t: t.numpy(), next(iterator)) for _ in range(n)]
+
+    iterator = iter(build())
+    take(iterator, 5)
+    checkpoint = tf.train.Checkpoint(iterator=iterator)
+    saved = checkpoint.save(str(tmp_path / "ckpt" / "it"))
+    expected = take(iterator, 12)  # crosses an epoch boundary
+
+    checkpoint.restore(saved)
+    again = take(iterator, 12)
+    fresh = iter(build())
+    tf.train.Checkpoint(iterator=fresh).restore(saved)
+    resumed = take(fresh, 12)
+
+    for batches in (again, resumed):
+        for got, want in zip(batches, expected, strict=True):
+            tf.nest.map_structure(np.testing.assert_array_equal, got, want)
+    # a different place in the stream gives different batches, so the check can fail
+    assert not np.array_equal(expected[0][1], expected[1][1])
+
+
+def test_tampered_or_missing_shard_is_refused(tmp_path: Path) -> None:
+    ids_dataset(tmp_path, num_shards=2, per_shard=10)
+    shard = tmp_path / "train-00001-of-00002.tfrecord"
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match="train-00001-of-00002"):
+        make_dataset(tmp_path, "train", batch_size=4)
+    make_dataset(tmp_path, "train", batch_size=4, verify="size")  # same size: only SHA-256 notices
+
+    shard.write_bytes(bytes(data[:-1]))
+    with pytest.raises(DatasetError, match="train-00001-of-00002.*bytes"):
+        make_dataset(tmp_path, "train", batch_size=4, verify="size")
+    shard.unlink()
+    with pytest.raises(DatasetError, match="train-00001-of-00002.*missing"):
+        make_dataset(tmp_path, "train", batch_size=4, verify="none")
+    with pytest.raises(DatasetError, match="no split 'test'"):
+        make_dataset(tmp_path, "test", batch_size=4)
+
+
+def test_gzip_datasets_are_read(tmp_path: Path) -> None:
+    specs = [
+        FeatureSpec("id", "numeric", dtype="int64"),
+        FeatureSpec("t", "text", vocab_size=20),
+    ]
+    shards = [
+        [{"id": s * 10 + i, "t": "w", "t/token_ids": [3] * (i + 1)} for i in range(10)]
+        for s in range(3)
+    ]
+    write_dataset(tmp_path, specs, {"train": shards}, compression="gzip")
+    with open(tmp_path / "train-00000-of-00003.tfrecord", "rb") as handle:
+        assert handle.read(2) == b"\x1f\x8b"
+    dataset = make_dataset(tmp_path, "train", batch_size=10, shuffle=False, sequence_length=5)
+    assert collect_ids(dataset) == round_robin(3, 10)
+    for batch in dataset:
+        for record_id, tokens in zip(batch["id"].numpy(), batch["t"].numpy(), strict=True):
+            length = min(record_id % 10 + 1, 5)
+            assert tokens.tolist() == [3] * length + [0] * (5 - length)

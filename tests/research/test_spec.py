@@ -1,0 +1,68 @@
+"""Dataset specs: validation errors point at the key; paths resolve next to the spec."""
+
+from __future__ import annotations
+
+import pytest
+
+from research.configs import ConfigError
+from research.data.spec import DatasetSpec, load_spec
+
+
+def write_spec(tmp_path, body: str):
+    (tmp_path / "data.csv").write_text("a,b\n1,2\n")
+    path = tmp_path / "spec.yaml"
+    path.write_text(body)
+    return path
+
+
+def test_minimal_spec_gets_defaults(tmp_path):
+    spec = load_spec(write_spec(tmp_path, "name: t\nsources:\n  - {type: csv, path: data.csv}\n"))
+    assert spec.split.ratios == {"train": 0.8, "validation": 0.1, "test": 0.1}
+    assert spec.resolve("data.csv") == tmp_path / "data.csv"
+    assert spec.clean.pii.kinds == ["email", "phone", "ipv4", "card"]
+
+
+def test_source_type_errors_name_the_source_key(tmp_path):
+    path = write_spec(
+        tmp_path, "name: t\nsources:\n  - type: csv\n    path: data.csv\n    delimeter: ';'\n"
+    )
+    with pytest.raises(ConfigError, match=r"spec.yaml:5: sources.0.delimeter: unknown key"):
+        load_spec(path)
+
+
+def test_unknown_source_type(tmp_path):
+    path = write_spec(tmp_path, "name: t\nsources:\n  - {type: parquet, path: data.csv}\n")
+    with pytest.raises(ConfigError, match=r"sources.0"):
+        load_spec(path)
+
+
+def test_missing_source_file_is_named(tmp_path):
+    path = write_spec(tmp_path, "name: t\nsources:\n  - {type: csv, path: missing.csv}\n")
+    with pytest.raises(ConfigError, match=r"sources.0.path: no such file or folder"):
+        load_spec(path)
+
+
+def test_split_ratios_must_sum_to_one(tmp_path):
+    path = write_spec(
+        tmp_path,
+        "name: t\nsources:\n  - {type: csv, path: data.csv}\nsplit:\n  ratios: {train: 0.5, test: 0.2}\n",
+    )
+    with pytest.raises(ConfigError, match=r"spec.yaml:5: split.ratios: split ratios must sum to 1"):
+        load_spec(path)
+
+
+def test_image_field_needs_dimensions(tmp_path):
+    path = write_spec(
+        tmp_path,
+        "name: t\nsources:\n  - {type: csv, path: data.csv}\nschema:\n  img: {type: image}\n",
+    )
+    with pytest.raises(ConfigError, match=r"schema.img: an image field needs"):
+        load_spec(path)
+
+
+def test_spec_hash_is_stable_and_sensitive(tmp_path):
+    first = load_spec(write_spec(tmp_path, "name: t\nsources:\n  - {type: csv, path: data.csv}\n"))
+    again = DatasetSpec.model_validate(first.model_dump(by_alias=True))
+    changed = first.model_copy(update={"name": "u"})
+    assert first.spec_hash() == again.spec_hash()
+    assert first.spec_hash() != changed.spec_hash()
