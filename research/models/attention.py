@@ -1,0 +1,89 @@
+"""Transformer blocks shared by the encoder classifier and the decoder language model.
+
+Blocks are built from stock Keras layers (MultiHeadAttention, LayerNormalization,
+Dense, Dropout, Add) wired functionally rather than hidden in one custom layer, so the
+compression tools can wrap each Dense for pruning and quantization-aware training.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import tf_keras as keras
+from pydantic import PositiveInt, model_validator
+
+from research.configs import StrictModel
+from research.models.config_types import Dropout
+from research.models.specs import InputSpec
+
+
+class TransformerShape(StrictModel):
+    """Size and layout of a stack of transformer blocks.
+
+    ``norm: pre`` puts LayerNormalization before attention and feed-forward (stable
+    without warm-up, plus a final norm); ``post`` is the original Transformer layout.
+    ``max_length`` sizes the position table; by default the input's sequence length.
+    """
+
+    num_layers: PositiveInt = 2
+    d_model: PositiveInt = 32
+    num_heads: PositiveInt = 2
+    ff_dim: PositiveInt = 64
+    dropout: Dropout = 0.1
+    norm: Literal["pre", "post"] = "pre"
+    max_length: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> TransformerShape:
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model: {self.d_model} is not divisible by num_heads={self.num_heads}"
+            )
+        return self
+
+    def position_table_size(self, name: str, spec: InputSpec) -> int:
+        """Rows of the position table: ``max_length``, else the input's fixed length."""
+        length = spec.shape[0]
+        size = self.max_length or length
+        if size is None:
+            raise ValueError(
+                f"input {name!r} has no fixed length: set max_length in the model config"
+            )
+        if length is not None and length > size:
+            raise ValueError(f"input {name!r} has length {length} > max_length={size}")
+        return size
+
+
+def block_stack(x: Any, mask: Any, shape: TransformerShape, prefix: str) -> Any:
+    """``shape.num_layers`` self-attention blocks over ``x`` under ``mask``."""
+    for index in range(shape.num_layers):
+        x = _block(x, mask, shape, f"{prefix}_block{index}")
+    if shape.norm == "pre":
+        x = keras.layers.LayerNormalization(epsilon=1e-6, name=f"{prefix}_final_norm")(x)
+    return x
+
+
+def _block(x: Any, mask: Any, shape: TransformerShape, name: str) -> Any:
+    attention = keras.layers.MultiHeadAttention(
+        num_heads=shape.num_heads,
+        key_dim=shape.d_model // shape.num_heads,
+        dropout=shape.dropout,
+        name=f"{name}_attention",
+    )
+
+    def attend(h: Any) -> Any:
+        return attention(h, h, attention_mask=mask)
+
+    def feed_forward(h: Any) -> Any:
+        h = keras.layers.Dense(shape.ff_dim, activation="gelu", name=f"{name}_ffn_in")(h)
+        return keras.layers.Dense(shape.d_model, name=f"{name}_ffn_out")(h)
+
+    for part, sublayer in (("attention", attend), ("ffn", feed_forward)):
+        norm = keras.layers.LayerNormalization(epsilon=1e-6, name=f"{name}_{part}_norm")
+        residual = x
+        h = norm(x) if shape.norm == "pre" else x
+        h = keras.layers.Dropout(shape.dropout, name=f"{name}_{part}_dropout")(sublayer(h))
+        x = keras.layers.Add(name=f"{name}_{part}_residual")([residual, h])
+        if shape.norm == "post":
+            x = norm(x)
+    return x
