@@ -1,0 +1,140 @@
+"""Experiment configs: one YAML file says what to train, on what data, and how.
+
+Loaded into typed, validated objects so that a typo or a wrong type fails before any
+step runs, with the file, line and key path in the message. Relative paths in an
+experiment are relative to the experiment file, so an experiment and its data can
+move together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from research.configs import StrictModel, load_yaml_model
+from research.models import ModelConfig
+from research.models.specs import HeadSpec
+
+Precision = Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"]
+
+
+class AugmentationConfig(StrictModel):
+    flip: bool = False
+    crop_padding: int = Field(default=0, ge=0)
+    brightness: float = Field(default=0.0, ge=0.0, le=1.0)
+
+
+class DataConfig(StrictModel):
+    dataset: str = Field(description="dataset directory (manifest.json + shards)")
+    train_split: str = "train"
+    eval_split: str | None = "validation"
+    test_split: str | None = "test"
+    batch_size: int = Field(default=32, ge=1, description="global batch size of one update")
+    shuffle_buffer: int = Field(default=10_000, ge=1)
+    sequence_length: int | None = Field(default=None, ge=1)
+    cache: bool = False
+    augment: AugmentationConfig | None = None
+    token_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    features: list[str] | None = Field(default=None, description="model inputs; default all")
+    labels: list[str] | None = Field(default=None, description="model outputs; default all")
+
+
+class OptimizerConfig(StrictModel):
+    type: Literal["adamw"] = "adamw"
+    learning_rate: float = Field(default=1e-3, gt=0)
+    weight_decay: float = Field(default=1e-4, ge=0)
+    beta_1: float = Field(default=0.9, gt=0, lt=1)
+    beta_2: float = Field(default=0.999, gt=0, lt=1)
+    epsilon: float = Field(default=1e-7, gt=0)
+    clip_global_norm: float | None = Field(default=1.0, gt=0)
+
+
+class ScheduleConfig(StrictModel):
+    warmup_steps: int = Field(default=0, ge=0)
+    decay: Literal["cosine", "linear", "constant"] = "cosine"
+    final_learning_rate_ratio: float = Field(default=0.0, ge=0, le=1)
+
+
+class NonFiniteConfig(StrictModel):
+    max_consecutive: int = Field(default=3, ge=1, description="skipped updates before a restore")
+    learning_rate_factor: float = Field(default=0.5, gt=0, le=1)
+    max_restores: int = Field(default=3, ge=0)
+
+
+class TrainingConfig(StrictModel):
+    epochs: int | None = Field(default=None, ge=1)
+    steps: int | None = Field(default=None, ge=1, description="total optimizer updates")
+    steps_per_execution: int = Field(default=1, ge=1, description="updates per tf.function call")
+    gradient_accumulation: int = Field(default=1, ge=1, description="micro-batches per update")
+    precision: Precision = "auto"
+    deterministic: bool = False
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    nonfinite: NonFiniteConfig = Field(default_factory=NonFiniteConfig)
+    eval_every_steps: int | None = Field(default=None, ge=1)
+    loss_weights: dict[str, float] = Field(
+        default_factory=dict, description="per-head loss weight (multi-task); default 1"
+    )
+
+    @model_validator(mode="after")
+    def _length_given(self) -> TrainingConfig:
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError("give exactly one of epochs or steps")
+        return self
+
+
+class CheckpointConfig(StrictModel):
+    directory: str | None = Field(default=None, description="default: <run_dir>/checkpoints")
+    every_steps: int | None = Field(default=100, ge=1)
+    every_seconds: float | None = Field(default=None, gt=0)
+    keep: int = Field(default=3, ge=1)
+    keep_every_hours: float | None = Field(default=None, gt=0)
+
+
+class ExportConfig(StrictModel):
+    model_root: str = "models"
+    model_name: str | None = Field(default=None, description="default: the experiment name")
+
+
+class ExperimentConfig(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    seed: int = 0
+    run_dir: str | None = Field(default=None, description="default: runs/<name>")
+    data: DataConfig
+    model: ModelConfig
+    heads: dict[str, HeadSpec] | None = Field(
+        default=None, description="override heads derived from the dataset's labels"
+    )
+    training: TrainingConfig
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+    base_dir: str = Field(default=".", exclude=True)
+
+    def resolve(self, path: str) -> Path:
+        candidate = Path(path).expanduser()
+        return candidate if candidate.is_absolute() else Path(self.base_dir) / candidate
+
+    @property
+    def run_path(self) -> Path:
+        return self.resolve(self.run_dir or f"runs/{self.name}")
+
+    @property
+    def checkpoint_path(self) -> Path:
+        if self.checkpoint.directory:
+            return self.resolve(self.checkpoint.directory)
+        return self.run_path / "checkpoints"
+
+    def config_hash(self) -> str:
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def load_experiment(path: str | Path) -> ExperimentConfig:
+    """Read an experiment YAML; a ConfigError names the file, line and key."""
+    path = Path(path)
+    config = load_yaml_model(path, ExperimentConfig)
+    return config.model_copy(update={"base_dir": str(path.resolve().parent)})

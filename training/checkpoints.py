@@ -1,0 +1,324 @@
+"""Checkpoints that a crash, a preemption or a flipped bit cannot turn into a bad resume.
+
+Layout of a checkpoint directory::
+
+    checkpoint                        CheckpointManager's own state file
+    ckpt-<step>.index                 TensorFlow's checkpoint files, numbered by step
+    ckpt-<step>.data-00000-of-00001
+    ckpt-<step>.commit.json           the commit marker: step, SHA-256 and size of each file
+
+TensorFlow writes the index and data files one after the other and nothing says when a
+checkpoint is complete; ``tf.train.latest_checkpoint`` would happily point at one a
+crash cut short. Here a checkpoint counts only once its commit marker exists, and it is
+restored only while its bytes still match the marker. The marker is written by a
+checkpoint write callback that TensorFlow runs before CheckpointManager's own (which
+records the new checkpoint and deletes the oldest), so older checkpoints are deleted
+only after the new one is committed: whenever the process dies, the newest committed
+checkpoint is still whole on disk.
+
+Under ``MultiWorkerMirroredStrategy`` saving involves collectives, so every worker saves;
+only the chief writes into the directory, the others into a per-worker temporary
+directory that is removed straight away (TensorFlow's multi-worker tutorial pattern).
+Every worker restores from the chief's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+
+from research.data.manifest import write_json_atomically
+from training.export import check_files, file_entry
+
+CHECKPOINT_NAME = "ckpt"
+MARKER_FORMAT = "slipway.checkpoint/1"
+MARKER_SUFFIX = ".commit.json"
+_MARKER = re.compile(rf"^{CHECKPOINT_NAME}-(\d+){re.escape(MARKER_SUFFIX)}$")
+# A checkpoint's files, and the scratch directory TensorFlow merges them from.
+_CHECKPOINT_FILE = re.compile(
+    rf"^{CHECKPOINT_NAME}-(\d+)(\.index|\.data-\d{{5}}-of-\d{{5}}|_temp.*)$"
+)
+
+
+class CheckpointError(RuntimeError):
+    """Committed checkpoints exist but none of them can be restored."""
+
+
+class CheckpointWarning(UserWarning):
+    """A committed checkpoint was skipped because it cannot be trusted."""
+
+
+def _marker_path(directory: Path, step: int) -> Path:
+    return directory / f"{CHECKPOINT_NAME}-{step}{MARKER_SUFFIX}"
+
+
+def committed_steps(directory: str | Path) -> list[int]:
+    """Steps with a commit marker, newest first (their files are not re-verified)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted((int(m.group(1)) for m in map(_MARKER.match, names) if m), reverse=True)
+
+
+def latest_committed_step(directory: str | Path) -> int | None:
+    """The newest committed step, for tooling; ``restore_latest`` is what verifies it."""
+    steps = committed_steps(directory)
+    return steps[0] if steps else None
+
+
+def _problem(directory: Path, step: int) -> str | None:
+    """Why the committed checkpoint at ``step`` cannot be trusted, or None when it can."""
+    try:
+        marker = json.loads(_marker_path(directory, step).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"unreadable commit marker: {exc}"
+    if not isinstance(marker, dict) or marker.get("format") != MARKER_FORMAT:
+        return "not a commit marker"
+    if marker.get("step") != step:
+        return f"commit marker is for step {marker.get('step')!r}"
+    files = marker.get("files")
+    if not isinstance(files, dict) or not any(name.endswith(".index") for name in files):
+        return "commit marker lists no checkpoint files"
+    problems = check_files(directory, files)
+    return "; ".join(problems) if problems else None
+
+
+def _any_worker(strategy: tf.distribute.Strategy) -> Callable[[bool], bool]:
+    """A vote that is True on every worker when it is True on any (a summed all-reduce)."""
+
+    @tf.function
+    def reduce(vote: tf.Tensor) -> tf.Tensor:
+        per_replica = strategy.run(tf.identity, args=(vote,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    return lambda vote: int(reduce(tf.constant(int(vote), tf.int32))) > 0
+
+
+class CheckpointKeeper:
+    """Saves ``checkpoint`` every so many steps and/or seconds; restores the newest good one.
+
+    ``keep`` checkpoints are kept, plus one every ``keep_every_hours`` when given. Every
+    worker of a multi-worker run builds its own keeper on the same ``directory`` and calls
+    ``should_save``/``save`` at the same steps. Steps are a shared count, but clocks are
+    not: with ``every_seconds`` under several workers pass ``strategy`` so that the
+    workers agree on a time-based save (otherwise one would wait forever in the save's
+    collectives for the others).
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        checkpoint: tf.train.Checkpoint,
+        *,
+        keep: int,
+        keep_every_hours: float | None = None,
+        every_steps: int | None = None,
+        every_seconds: float | None = None,
+        is_chief: bool = True,
+        worker_index: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        strategy: tf.distribute.Strategy | None = None,
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        if every_steps is not None and every_steps < 1:
+            raise ValueError(f"every_steps must be at least 1, got {every_steps}")
+        if every_seconds is not None and every_seconds <= 0:
+            raise ValueError(f"every_seconds must be positive, got {every_seconds}")
+        if keep_every_hours is not None and keep_every_hours <= 0:
+            raise ValueError(f"keep_every_hours must be positive, got {keep_every_hours}")
+        self.directory = Path(directory).absolute()
+        self.checkpoint = checkpoint
+        self.is_chief = is_chief
+        self._keep = keep
+        self._keep_every_hours = keep_every_hours
+        self._every_steps = every_steps
+        self._every_seconds = every_seconds
+        self._clock = clock
+        self._agree = _any_worker(strategy) if strategy is not None else (lambda vote: vote)
+        if is_chief:
+            self._write_dir = self.directory
+        else:
+            scratch = self.directory.parent / f"workertemp_{worker_index}"
+            self._write_dir = scratch / self.directory.name
+        self._manager: tf.train.CheckpointManager | None = None
+        self._last_step: int | None = None
+        self._last_time = clock()
+
+    # -- when ---------------------------------------------------------------------------
+    def should_save(self, step: int) -> bool:
+        """True when a multiple of ``every_steps`` was passed or ``every_seconds`` elapsed.
+
+        Crossing a multiple (rather than landing on one) keeps the schedule when the step
+        advances several at a time, as with ``steps_per_execution``.
+        """
+        step = int(step)
+        if step == self._last_step:
+            return False
+        last = self._last_step or 0
+        if self._every_steps is not None and step // self._every_steps > last // self._every_steps:
+            return True
+        if self._every_seconds is None:
+            return False
+        return self._agree(self._clock() - self._last_time >= self._every_seconds)
+
+    def maybe_save(self, step: int) -> str | None:
+        """``save`` when ``should_save``; call it on every worker after every update."""
+        return self.save(step) if self.should_save(step) else None
+
+    # -- saving -------------------------------------------------------------------------
+    def save(self, step: int) -> str | None:
+        """Save and commit a checkpoint for ``step``; its path on the chief, else None.
+
+        Saving the step that was just saved or restored is a no-op, so a final forced save
+        right after a scheduled one does not rewrite it.
+        """
+        step = int(step)
+        if step < 0:
+            raise ValueError(f"step must be non-negative, got {step}")
+        if step != self._last_step:
+            if self.is_chief:
+                self._prepare_directory(step)
+            else:
+                shutil.rmtree(self._write_dir.parent, ignore_errors=True)
+            options = tf.train.CheckpointOptions(
+                experimental_write_callbacks=[lambda save_path: self._commit(save_path, step)]
+            )
+            try:
+                self._writer().save(checkpoint_number=step, options=options)
+            finally:
+                if not self.is_chief:
+                    shutil.rmtree(self._write_dir.parent, ignore_errors=True)
+            if self.is_chief:
+                self._prune_markers()
+            self._last_step = step
+            self._last_time = self._clock()
+        return str(self.directory / f"{CHECKPOINT_NAME}-{step}") if self.is_chief else None
+
+    def _writer(self) -> tf.train.CheckpointManager:
+        if self._manager is None:
+            self._manager = tf.train.CheckpointManager(
+                self.checkpoint,
+                str(self._write_dir),
+                max_to_keep=self._keep,
+                keep_checkpoint_every_n_hours=self._keep_every_hours,
+                checkpoint_name=CHECKPOINT_NAME,
+            )
+        return self._manager
+
+    def _prepare_directory(self, step: int) -> None:
+        """Uncommit ``step`` (it is about to be rewritten) and clear crash leftovers.
+
+        Files of a checkpoint without a marker are what a save cut short left behind; the
+        manager never records them (it does so only after the commit), so nothing else
+        would ever delete them.
+        """
+        self.directory.mkdir(parents=True, exist_ok=True)
+        _marker_path(self.directory, step).unlink(missing_ok=True)
+        committed = set(committed_steps(self.directory))
+        for name in os.listdir(self.directory):
+            match = _CHECKPOINT_FILE.match(name)
+            if match and int(match.group(1)) not in committed:
+                path = self.directory / name
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+
+    def _commit(self, save_path: str, step: int) -> None:
+        """Write the marker once the checkpoint's bytes are on disk (chief only)."""
+        if not self.is_chief:
+            return
+        prefix = Path(save_path)
+        files: dict[str, Any] = {}
+        for name in sorted(os.listdir(prefix.parent)):
+            match = _CHECKPOINT_FILE.match(name)
+            if not match or int(match.group(1)) != step or match.group(2).startswith("_temp"):
+                continue
+            path = prefix.parent / name
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+            files[path.name] = file_entry(path)
+        write_json_atomically(
+            _marker_path(self.directory, step),
+            {"format": MARKER_FORMAT, "step": step, "prefix": prefix.name, "files": files},
+        )
+
+    def _prune_markers(self) -> None:
+        """Remove the markers of checkpoints the manager has just deleted."""
+        for step in committed_steps(self.directory):
+            if not (self.directory / f"{CHECKPOINT_NAME}-{step}.index").exists():
+                _marker_path(self.directory, step).unlink(missing_ok=True)
+
+    # -- restoring ----------------------------------------------------------------------
+    def _try_restore(self, step: int) -> str | None:
+        """Restore ``step``; the reason it cannot be trusted, or None on success.
+
+        ``assert_existing_objects_matched`` fails when an object that already exists (a
+        built layer, the step variable, the iterator) has no value in the checkpoint: a
+        checkpoint of another model must not half-load. ``expect_partial`` then silences
+        the warning about values not consumed yet: optimizer slots and layers built later
+        are restored when they are created, which is intended, not partial.
+        """
+        problem = _problem(self.directory, step)
+        if problem is not None:
+            return problem
+        try:
+            status = self.checkpoint.restore(str(self.directory / f"{CHECKPOINT_NAME}-{step}"))
+            status.assert_existing_objects_matched()
+            status.expect_partial()
+        except (tf.errors.OpError, AssertionError, ValueError) as exc:
+            return f"restore failed: {exc}"
+        self._last_step = step
+        self._last_time = self._clock()
+        return None
+
+    def _skip(self, step: int, reason: str) -> None:
+        warnings.warn(
+            f"skipping checkpoint {self.directory / f'{CHECKPOINT_NAME}-{step}'}: {reason}",
+            CheckpointWarning,
+            stacklevel=3,
+        )
+
+    def restore_latest(self) -> int | None:
+        """Restore the newest trustworthy committed checkpoint and return its step.
+
+        A checkpoint that fails verification or restoration is skipped with a
+        ``CheckpointWarning`` and the one before it is tried. None means there is no
+        committed checkpoint (a fresh start); when there are some but none can be
+        restored, CheckpointError is raised rather than silently starting over.
+        """
+        failures = []
+        for step in committed_steps(self.directory):
+            reason = self._try_restore(step)
+            if reason is None:
+                return step
+            self._skip(step, reason)
+            failures.append(f"step {step}: {reason}")
+        if failures:
+            raise CheckpointError(
+                f"{self.directory}: no committed checkpoint can be restored ({'; '.join(failures)})"
+            )
+        return None
+
+    def restore(self, step: int) -> int | None:
+        """Restore the committed checkpoint of exactly ``step``; None if there is no
+        usable one (an unusable one is also reported with a ``CheckpointWarning``)."""
+        step = int(step)
+        if step not in committed_steps(self.directory):
+            return None
+        reason = self._try_restore(step)
+        if reason is None:
+            return step
+        self._skip(step, reason)
+        return None

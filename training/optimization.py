@@ -1,0 +1,105 @@
+"""Learning-rate schedules and the optimizer an experiment asks for.
+
+The schedule is a function of the optimizer's own step counter, which lives in the
+checkpoint, so a resumed run continues the schedule exactly where it stopped.
+``lr_scale`` is a variable (also checkpointed) that the trainer lowers after repeated
+non-finite losses, without rebuilding the optimizer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import tensorflow as tf
+import tf_keras as keras
+
+from research.experiments.config import OptimizerConfig, ScheduleConfig
+
+
+@keras.saving.register_keras_serializable(package="slipway")
+class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up to ``peak`` over ``warmup_steps``, then cosine or linear decay to
+    ``peak * final_ratio`` at ``total_steps``, times a run-time ``scale`` variable."""
+
+    def __init__(
+        self,
+        peak: float,
+        total_steps: int,
+        warmup_steps: int = 0,
+        decay: str = "cosine",
+        final_ratio: float = 0.0,
+        scale: tf.Variable | None = None,
+    ) -> None:
+        super().__init__()
+        self.peak = float(peak)
+        self.total_steps = max(int(total_steps), 1)
+        self.warmup_steps = int(warmup_steps)
+        self.decay = decay
+        self.final_ratio = float(final_ratio)
+        self.scale = scale
+
+    def __call__(self, step: Any) -> tf.Tensor:
+        step = tf.cast(step, tf.float32)
+        peak = tf.constant(self.peak, tf.float32)
+        warmup = tf.constant(float(max(self.warmup_steps, 1)), tf.float32)
+        warm = peak * tf.minimum(1.0, (step + 1.0) / warmup)
+        span = float(max(self.total_steps - self.warmup_steps, 1))
+        progress = tf.clip_by_value((step - float(self.warmup_steps)) / span, 0.0, 1.0)
+        if self.decay == "cosine":
+            shape = 0.5 * (1.0 + tf.cos(math.pi * progress))
+        elif self.decay == "linear":
+            shape = 1.0 - progress
+        else:
+            shape = tf.ones_like(progress)
+        decayed = peak * (self.final_ratio + (1.0 - self.final_ratio) * shape)
+        rate = tf.where(step < float(self.warmup_steps), warm, decayed)
+        if self.scale is not None:
+            rate = rate * tf.cast(self.scale, tf.float32)
+        return rate
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "peak": self.peak,
+            "total_steps": self.total_steps,
+            "warmup_steps": self.warmup_steps,
+            "decay": self.decay,
+            "final_ratio": self.final_ratio,
+        }
+
+
+def build_optimizer(
+    optimizer: OptimizerConfig,
+    schedule: ScheduleConfig,
+    total_steps: int,
+    lr_scale: tf.Variable,
+    *,
+    loss_scaling: bool,
+) -> keras.optimizers.Optimizer:
+    """AdamW with the experiment's schedule, always wrapped so non-finite updates are skipped.
+
+    The loss-scale wrapper is what skips an update whose gradients are not finite on any
+    replica (consistently across replicas). With float16 it also scales the loss
+    dynamically; otherwise its scale stays at 1 (exact in any precision).
+    """
+    rate = WarmupDecay(
+        optimizer.learning_rate,
+        total_steps,
+        schedule.warmup_steps,
+        schedule.decay,
+        schedule.final_learning_rate_ratio,
+        scale=lr_scale,
+    )
+    inner = keras.optimizers.AdamW(
+        learning_rate=rate,
+        weight_decay=optimizer.weight_decay,
+        beta_1=optimizer.beta_1,
+        beta_2=optimizer.beta_2,
+        epsilon=optimizer.epsilon,
+        global_clipnorm=optimizer.clip_global_norm,
+    )
+    if loss_scaling:
+        return keras.mixed_precision.LossScaleOptimizer(inner)
+    return keras.mixed_precision.LossScaleOptimizer(
+        inner, dynamic=True, initial_scale=1.0, dynamic_growth_steps=2**31 - 1
+    )
