@@ -66,23 +66,26 @@ def run_train(args: argparse.Namespace) -> int:
         return outcome.exit_code
     console.print(
         f"trained {outcome.step} steps ({outcome.precision}, "
-        f"{outcome.examples_per_second:,.0f} examples/s)"
+        f"{outcome.examples_per_second:,.0f} examples/s); weights sha256 {outcome.weights_sha256}",
+        soft_wrap=True,
     )
     for split, values in outcome.metrics.items():
         shown = ", ".join(f"{k}={v:.4g}" for k, v in values.items() if k != "examples")
         console.print(f"  {split}: {shown}")
-    if trainer.role.is_chief and not args.no_export:
+    if not args.no_export:
         from training.publish import publish_model
 
-        version, path = publish_model(
+        published = publish_model(
             trainer.model,
             config,
             trainer.manifest,
             trainer.io,
             metrics=outcome.metrics,
             method=outcome.precision,
+            is_chief=trainer.role.is_chief,
         )
-        console.print(f"published version {version}: {path}")
+        if published is not None:
+            console.print(f"published version {published[0]}: {published[1]}")
     return 0
 
 

@@ -197,8 +197,10 @@ def save_serving_model(model: keras.Model, directory: str | Path) -> dict[str, A
             feed = tf.nest.pack_sequence_as(structure, [by_name[name] for name in names])
         return _named_outputs(model, model(feed, training=False))
 
-    function = tf.function(serve, input_signature=specs).get_concrete_function()
-    output_names = list(function.structured_outputs)
+    # The tf.function itself (not a concrete function) is what SavedModel can re-trace when
+    # the model's variables are distributed (a multi-worker run).
+    function = tf.function(serve, input_signature=specs)
+    output_names = list(function.get_concrete_function().structured_outputs)
     model.save(
         str(directory),
         save_format="tf",

@@ -75,8 +75,9 @@ def build_optimizer(
     lr_scale: tf.Variable,
     *,
     loss_scaling: bool,
-) -> keras.optimizers.Optimizer:
-    """AdamW with the experiment's schedule, always wrapped so non-finite updates are skipped.
+) -> tuple[keras.optimizers.Optimizer, WarmupDecay]:
+    """AdamW with the experiment's schedule (returned too, for logging), always wrapped so
+    non-finite updates are skipped.
 
     The loss-scale wrapper is what skips an update whose gradients are not finite on any
     replica (consistently across replicas). With float16 it also scales the loss
@@ -99,7 +100,8 @@ def build_optimizer(
         global_clipnorm=optimizer.clip_global_norm,
     )
     if loss_scaling:
-        return keras.mixed_precision.LossScaleOptimizer(inner)
-    return keras.mixed_precision.LossScaleOptimizer(
+        return keras.mixed_precision.LossScaleOptimizer(inner), rate
+    wrapped = keras.mixed_precision.LossScaleOptimizer(
         inner, dynamic=True, initial_scale=1.0, dynamic_growth_steps=2**31 - 1
     )
+    return wrapped, rate

@@ -7,6 +7,7 @@ polling the repository never sees half a version.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,18 @@ def publish_model(
     metrics: dict[str, dict[str, float]],
     method: str,
     extra: dict[str, Any] | None = None,
-) -> tuple[int, Path]:
-    """Export ``model`` into ``<model_root>/<model_name>/<next version>/``."""
+    is_chief: bool = True,
+) -> tuple[int, Path] | None:
+    """Export ``model`` into ``<model_root>/<model_name>/<next version>/``.
+
+    In a multi-worker run every worker must save (reading per-replica variables is a
+    collective); only the chief publishes, the others save into a scratch directory.
+    """
     name = config.export.model_name or config.name
+    if not is_chief:
+        with tempfile.TemporaryDirectory(prefix="slipway-export-") as scratch:
+            save_serving_model(model, Path(scratch) / "model")
+        return None
 
     def write(directory: Path) -> None:
         signature = save_serving_model(model, directory)

@@ -131,7 +131,9 @@ class UpdateStep:
         context = tf.distribute.get_replica_context()
         gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
         loss = context.all_reduce(tf.distribute.ReduceOp.SUM, loss)
-        stop = context.all_reduce(tf.distribute.ReduceOp.SUM, stop)  # > 0: someone asked
+        # A value passed into the replica function has no device for the collective until it
+        # is an op of the replica's own (MultiWorkerMirroredStrategy refuses it otherwise).
+        stop = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(stop))  # > 0: asked
         norm = tf.linalg.global_norm(gradients)
         finite = tf.math.is_finite(loss)
         if not self.loss_only_finiteness:

@@ -11,6 +11,7 @@ committed checkpoint.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ class TrainOutcome:
     examples_per_second: float = 0.0
     skipped_updates: int = 0
     restores: int = 0
+    weights_sha256: str = ""
 
 
 def configure_determinism(config: ExperimentConfig) -> None:
@@ -52,6 +54,15 @@ def configure_determinism(config: ExperimentConfig) -> None:
         tf.config.experimental.enable_op_determinism()
     # Dropout and friends draw from tf.random.Generator variables, which checkpoints keep.
     keras.backend.experimental.enable_tf_random_generator()
+
+
+def weights_digest(model: keras.Model) -> str:
+    """SHA-256 over every weight's bytes: equal digests mean bit-identical models."""
+    digest = hashlib.sha256()
+    for weight in model.weights:
+        digest.update(weight.name.encode())
+        digest.update(weight.numpy().tobytes())
+    return digest.hexdigest()
 
 
 def check_writable(directory: Path) -> None:
@@ -114,7 +125,7 @@ class Trainer:
         with self.strategy.scope():
             self.model = build_model(config.model, self.io.inputs, self.io.heads)
             self.lr_scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="lr_scale")
-            self.optimizer = build_optimizer(
+            self.optimizer, self.schedule = build_optimizer(
                 training.optimizer,
                 training.schedule,
                 self.total_steps,
@@ -223,7 +234,7 @@ class Trainer:
                 values = {
                     "loss": loss,
                     "gradient_norm": norm,
-                    "learning_rate": float(self.optimizer.learning_rate),
+                    "learning_rate": float(self.schedule(step)),
                     "examples_per_second": examples_seen / max(busy, 1e-9),
                 }
                 log.scalars(step, values)
@@ -243,6 +254,7 @@ class Trainer:
                     self._log_evaluation(log, config.data.eval_split)
             self._save(log, force=True)
             outcome = self._outcome(EXIT_OK, examples_seen, busy, restores)
+            outcome.weights_sha256 = weights_digest(self.model)
             outcome.metrics = self._final_metrics(log)
             return outcome
         finally:
@@ -250,7 +262,12 @@ class Trainer:
             log.close()
 
     def _finite_enough(self, log: RunLog) -> bool:
-        """After too many non-finite updates in a row, go back to the last checkpoint."""
+        """After too many non-finite updates in a row, go back to the last checkpoint.
+
+        Weights and optimizer return to the checkpoint, but the input keeps moving
+        forward, so the batches that diverged are not replayed (as large-scale training
+        does after a loss spike), and the learning rate is lowered.
+        """
         state = self.update_step.state
         policy = self.config.training.nonfinite
         consecutive = int(state.consecutive_nonfinite.numpy())
@@ -259,13 +276,15 @@ class Trainer:
         log.event(self.step, f"non-finite loss: update skipped ({consecutive} in a row)")
         if consecutive < policy.max_consecutive:
             return True
-        restored = self._restore(log)
-        self.lr_scale.assign(self.lr_scale * policy.learning_rate_factor)
+        scale = float(self.lr_scale.numpy()) * policy.learning_rate_factor
+        restored = self.keeper.restore_latest()
+        self.lr_scale.assign(scale)
         state.consecutive_nonfinite.assign(0)
+        where = f"checkpoint {restored}" if restored is not None else "no checkpoint yet"
         log.event(
             self.step,
-            f"restored checkpoint {restored} and lowered the learning rate to "
-            f"{float(self.lr_scale.numpy()):g} x schedule",
+            f"{consecutive} non-finite updates in a row: restored {where}; learning rate "
+            f"now {scale:g} x schedule",
         )
         return False
 
@@ -281,7 +300,11 @@ class Trainer:
 
     # -- evaluation ------------------------------------------------------------------
     def evaluate(self, split: str) -> dict[str, float]:
-        """Loss and metrics of the current weights on one split (chief-local, no collectives)."""
+        """Loss and metrics of the current weights on one split.
+
+        Every worker runs the same ordered pass: reading batch-norm statistics (kept per
+        replica) averages them across workers, a collective all of them must join.
+        """
         compiled = compile_args(self.io.heads)
         losses = compiled["loss"]
         weights = compiled["loss_weights"]
@@ -313,7 +336,7 @@ class Trainer:
         return results
 
     def _log_evaluation(self, log: RunLog, split: str | None) -> dict[str, float]:
-        if split is None or not self.role.is_chief:
+        if split is None:
             return {}
         results = self.evaluate(split)
         log.scalars(self.step, results, kind=split)
@@ -322,7 +345,7 @@ class Trainer:
     def _final_metrics(self, log: RunLog) -> dict[str, dict[str, float]]:
         metrics = {}
         for split in (self.config.data.eval_split, self.config.data.test_split):
-            if split is not None and self.role.is_chief:
+            if split is not None:
                 metrics[split] = self._log_evaluation(log, split)
         return metrics
 
