@@ -42,7 +42,7 @@ class TrainOutcome:
     precision: str
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     examples_per_second: float = 0.0
-    skipped_updates: int = 0
+    skipped_updates: int = 0  # by this process (restores do not roll the count back)
     restores: int = 0
     weights_sha256: str = ""
 
@@ -54,6 +54,17 @@ def configure_determinism(config: ExperimentConfig) -> None:
         tf.config.experimental.enable_op_determinism()
     # Dropout and friends draw from tf.random.Generator variables, which checkpoints keep.
     keras.backend.experimental.enable_tf_random_generator()
+
+
+def random_generators(model: keras.Model) -> list[tf.random.Generator]:
+    """The generators dropout-like layers draw from: not model variables, so a checkpoint
+    must hold them explicitly for a resumed run to draw the same masks."""
+    generators = []
+    for layer in model.submodules:
+        generator = getattr(getattr(layer, "_random_generator", None), "_generator", None)
+        if isinstance(generator, tf.random.Generator):
+            generators.append(generator)
+    return generators
 
 
 def weights_digest(model: keras.Model) -> str:
@@ -153,7 +164,7 @@ class Trainer:
                 optimizer=self.optimizer,
                 epoch=self.epoch,
                 lr_scale=self.lr_scale,
-                skipped_updates=self.update_step.state.skipped_updates,
+                random=random_generators(self.model),
             ),
             keep=config.checkpoint.keep,
             keep_every_hours=config.checkpoint.keep_every_hours,

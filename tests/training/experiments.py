@@ -1,0 +1,83 @@
+"""A small real dataset and experiment files for trainer tests."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+DIGITS_SPEC = """
+name: digits-vectors
+sources:
+  - type: npz
+    path: digits.npz
+    arrays: {pixels: pixels, target: label}
+schema:
+  pixels: {type: numeric, dtype: float32, shape: [64]}
+  label: {type: categorical}
+labels: [label]
+dedup:
+  exact: {enabled: false}
+split:
+  ratios: {train: 0.8, validation: 0.1, test: 0.1}
+output:
+  num_shards: {train: 2, validation: 1, test: 1}
+"""
+
+BASE_EXPERIMENT: dict[str, Any] = {
+    "name": "mlp",
+    "seed": 3,
+    "run_dir": "run",
+    "data": {"dataset": "dataset", "batch_size": 32, "shuffle_buffer": 256},
+    "model": {"type": "mlp", "hidden_units": [32], "dropout": 0.0},
+    "training": {
+        "steps": 20,
+        "precision": "float32",
+        "optimizer": {"learning_rate": 0.01, "clip_global_norm": None},
+        "schedule": {"decay": "constant"},
+    },
+    "checkpoint": {"every_steps": 5, "keep": 10},
+    "export": {"model_root": "models"},
+}
+
+
+def build_digits_dataset(directory: Path, *, poison: slice | None = None) -> Path:
+    """scikit-learn's digits as 64-value vectors (pixels scaled to [0, 1]).
+
+    ``poison`` sets the pixels of those records to float32's largest value: finite data
+    (the build keeps it) on which any layer overflows, to make non-finite losses.
+    """
+    from sklearn.datasets import load_digits
+
+    from research.data.pipeline import build_dataset
+    from research.data.spec import load_spec
+
+    directory.mkdir(parents=True, exist_ok=True)
+    digits = load_digits()
+    pixels = (digits.data / 16.0).astype(np.float32)
+    if poison is not None:
+        pixels[poison] = np.finfo(np.float32).max
+    np.savez(directory / "digits.npz", pixels=pixels, target=digits.target)
+    (directory / "spec.yaml").write_text(DIGITS_SPEC)
+    build_dataset(load_spec(directory / "spec.yaml"), directory / "dataset")
+    return directory / "dataset"
+
+
+def write_experiment(directory: Path, dataset: Path, **overrides: Any) -> Path:
+    """An experiment YAML in ``directory``; ``overrides`` use dotted keys
+    (``training__steps=40`` sets training.steps)."""
+    config = copy.deepcopy(BASE_EXPERIMENT)
+    config["data"]["dataset"] = str(dataset)
+    for dotted, value in overrides.items():
+        node = config
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "experiment.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
