@@ -1,0 +1,291 @@
+"""Prometheus metrics of the gateway, on a registry of its own.
+
+The registry is private to a ``GatewayMetrics`` instance so that several gateways in one
+process (tests, benchmarks) never share or collide on series, and so that ``/metrics``
+exposes exactly the gateway's metrics. Every request metric carries ``model``, ``version``
+and ``route`` (``stable``, ``canary``, ``shadow``, ``explicit``) labels: the rollout
+controller compares a canary with stable by selecting on ``route``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
+
+ROUTES = ("stable", "canary", "shadow", "explicit")
+
+# 0.5 ms to 10 s: a cached tiny model answers in well under a millisecond, a cold remote
+# backend can take seconds; the rollout controller's latency SLOs sit in between.
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+# Powers of two, because allowed batch sizes usually are.
+BATCH_SIZE_BUCKETS = tuple(float(2**power) for power in range(11))
+RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
+AGREEMENT_BUCKETS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0)
+ABS_DIFF_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
+
+_REQUEST_LABELS = ("model", "version", "route")
+_VERSION_LABELS = ("model", "version")
+
+
+class GatewayMetrics:
+    """All gateway metrics plus the helpers the request path calls.
+
+    Helpers take plain values (an int version, a route string) so that callers never
+    format label values themselves and every series of one version is spelled the same.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self.requests = Counter(
+            "slipway_gateway_requests",
+            "Requests answered, by model, version, route, status code and API (grpc or rest).",
+            (*_REQUEST_LABELS, "code", "api"),
+            registry=registry,
+        )
+        self.request_seconds = Histogram(
+            "slipway_gateway_request_seconds",
+            "End-to-end request latency: decoding, routing, queueing, execution and encoding.",
+            _REQUEST_LABELS,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.queue_seconds = Histogram(
+            "slipway_gateway_queue_seconds",
+            "Time a request waited in the batch queue before its batch started executing.",
+            _REQUEST_LABELS,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.execution_seconds = Histogram(
+            "slipway_gateway_execution_seconds",
+            "Model execution time of the batch a request was part of.",
+            _REQUEST_LABELS,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "slipway_gateway_batch_size",
+            "Rows per executed batch, before padding to an allowed batch size.",
+            _VERSION_LABELS,
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=registry,
+        )
+        self.batch_padding_ratio = Histogram(
+            "slipway_gateway_batch_padding_ratio",
+            "Fraction of an executed batch made of padding rows (wasted compute).",
+            _VERSION_LABELS,
+            buckets=RATIO_BUCKETS,
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            "slipway_gateway_queue_depth",
+            "Batches waiting to execute (open and closed), bounded by max_enqueued_batches.",
+            _VERSION_LABELS,
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "slipway_gateway_in_flight",
+            "Requests currently being served.",
+            _VERSION_LABELS,
+            registry=registry,
+        )
+        self.model_loaded = Gauge(
+            "slipway_gateway_model_loaded",
+            "1 while a model version is loaded and serving, 0 once unloaded or failed.",
+            _VERSION_LABELS,
+            registry=registry,
+        )
+        self.model_load_seconds = Gauge(
+            "slipway_gateway_model_load_seconds",
+            "Seconds the last load of a model version took, warm-up included.",
+            _VERSION_LABELS,
+            registry=registry,
+        )
+        self.shadow_requests = Counter(
+            "slipway_gateway_shadow_requests",
+            "Mirrored requests sent to a shadow version, by its status code.",
+            (*_VERSION_LABELS, "code"),
+            registry=registry,
+        )
+        self.shadow_agreement = Histogram(
+            "slipway_gateway_shadow_agreement",
+            "Per mirrored request: fraction of rows whose top-1 class matches the primary answer.",
+            _VERSION_LABELS,
+            buckets=AGREEMENT_BUCKETS,
+            registry=registry,
+        )
+        self.shadow_abs_diff = Histogram(
+            "slipway_gateway_shadow_abs_diff",
+            "Per mirrored request: mean absolute difference between shadow and primary outputs.",
+            _VERSION_LABELS,
+            buckets=ABS_DIFF_BUCKETS,
+            registry=registry,
+        )
+        self.failovers = Counter(
+            "slipway_gateway_failovers",
+            "Requests retried on another version after the routed version failed.",
+            ("model", "from_version", "to_version"),
+            registry=registry,
+        )
+
+    def observe_request(
+        self,
+        model: str,
+        version: int | str,
+        route: str,
+        code: str,
+        api: str,
+        seconds: float,
+    ) -> None:
+        """Count one answered request and its end-to-end latency.
+
+        ``code`` is the gRPC status name (``OK``, ``INVALID_ARGUMENT``…) for both APIs, so
+        error ratios do not depend on which API a client used.
+        """
+        _check_route(route)
+        labels = (model, str(version), route)
+        self.requests.labels(*labels, code, api).inc()
+        self.request_seconds.labels(*labels).observe(seconds)
+
+    def observe_batch(
+        self,
+        model: str,
+        version: int | str,
+        route: str,
+        size: int,
+        padded_size: int,
+        queue_wait_seconds: Sequence[float],
+        execution_seconds: float,
+    ) -> None:
+        """Record one executed batch: its size, padding, and each member request's timings."""
+        _check_route(route)
+        version_labels = (model, str(version))
+        self.batch_size.labels(*version_labels).observe(size)
+        padding = (padded_size - size) / padded_size if padded_size else 0.0
+        self.batch_padding_ratio.labels(*version_labels).observe(padding)
+        queue = self.queue_seconds.labels(*version_labels, route)
+        execution = self.execution_seconds.labels(*version_labels, route)
+        for wait in queue_wait_seconds:
+            queue.observe(wait)
+            execution.observe(execution_seconds)
+
+    def set_queue_depth(self, model: str, version: int | str, depth: int) -> None:
+        self.queue_depth.labels(model, str(version)).set(depth)
+
+    @contextmanager
+    def track_in_flight(self, model: str, version: int | str) -> Iterator[None]:
+        """Count a request as in flight for the duration of the block, whatever its outcome."""
+        gauge = self.in_flight.labels(model, str(version))
+        gauge.inc()
+        try:
+            yield
+        finally:
+            gauge.dec()
+
+    def set_model_loaded(self, model: str, version: int | str, loaded: bool) -> None:
+        self.model_loaded.labels(model, str(version)).set(1 if loaded else 0)
+
+    def observe_model_load(self, model: str, version: int | str, seconds: float) -> None:
+        self.model_load_seconds.labels(model, str(version)).set(seconds)
+
+    def observe_shadow(
+        self,
+        model: str,
+        version: int | str,
+        code: str,
+        *,
+        agreement: float | None = None,
+        abs_diff: float | None = None,
+    ) -> None:
+        """Record one mirrored request; comparisons are only present when it succeeded."""
+        labels = (model, str(version))
+        self.shadow_requests.labels(*labels, code).inc()
+        if agreement is not None:
+            self.shadow_agreement.labels(*labels).observe(agreement)
+        if abs_diff is not None:
+            self.shadow_abs_diff.labels(*labels).observe(abs_diff)
+
+    def observe_failover(self, model: str, from_version: int | str, to_version: int | str) -> None:
+        self.failovers.labels(model, str(from_version), str(to_version)).inc()
+
+    def batch_observer(
+        self, model: str, version: int | str, route: str | Callable[[], str]
+    ) -> BatchMetricsObserver:
+        """An observer for one version's batcher (see ``serving.batching.BatchObserver``)."""
+        return BatchMetricsObserver(self, model, version, route)
+
+    def render(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The exposition body and its content type for ``/metrics``.
+
+        The ``Accept`` header picks the format: a scraper asking for OpenMetrics gets it, and
+        anything else (or no header) gets the classic text format every Prometheus reads.
+        """
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+class BatchMetricsObserver:
+    """Feeds a batcher's callbacks into ``GatewayMetrics`` for one model version.
+
+    A batch mixes requests of every route that reached the version, so queue and execution
+    timings carry the route the version currently plays (``route`` may be a callable that
+    reads it from the routing config at observation time).
+    """
+
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        model: str,
+        version: int | str,
+        route: str | Callable[[], str],
+    ) -> None:
+        self._metrics = metrics
+        self._model = model
+        self._version = version
+        self._route = route
+
+    def on_batch(
+        self,
+        size: int,
+        padded_size: int,
+        queue_wait_seconds: Sequence[float],
+        execution_seconds: float,
+    ) -> None:
+        route = self._route() if callable(self._route) else self._route
+        self._metrics.observe_batch(
+            self._model,
+            self._version,
+            route,
+            size,
+            padded_size,
+            queue_wait_seconds,
+            execution_seconds,
+        )
+
+    def on_queue_depth(self, depth: int) -> None:
+        self._metrics.set_queue_depth(self._model, self._version, depth)
+
+
+def _check_route(route: str) -> None:
+    """Refuse unknown route values: a typo would silently split a canary's series in two."""
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")

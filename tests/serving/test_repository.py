@@ -1,0 +1,322 @@
+"""The model repository: versions on disk are discovered by policy, verified, loaded and
+warmed up before they take traffic, unloaded only after their requests finish, and a bad
+version ends with its error while the others keep serving."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from serving.backends import Backend, open_backend
+from serving.errors import InvalidArgument, NotFound, Unavailable
+from serving.repository import (
+    ModelRepository,
+    VersionPolicy,
+    VersionState,
+    VersionStatus,
+)
+from serving.warmup import warm_up
+from tests.serving import model_factory
+from training.export import file_checksums, write_model_manifest
+
+MODEL = model_factory.MODEL_NAME
+SIGNATURE = "serving_default"
+END, AVAILABLE, UNLOADING = VersionState.END, VersionState.AVAILABLE, VersionState.UNLOADING
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "models"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def repositories() -> Iterator[list[ModelRepository]]:
+    """Repositories made by a test, stopped (all versions unloaded) afterwards."""
+    made: list[ModelRepository] = []
+    yield made
+    for repository in made:
+        repository.stop()
+
+
+@pytest.fixture
+def make(repositories: list[ModelRepository]):
+    def factory(root: Path, **kwargs) -> ModelRepository:
+        repository = ModelRepository(root, **kwargs)
+        repositories.append(repository)
+        return repository
+
+    return factory
+
+
+class Events:
+    """A listener that keeps every (model, status) it is told about."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, VersionStatus]] = []
+
+    def __call__(self, model: str, status: VersionStatus) -> None:
+        self.seen.append((model, status))
+
+    def states(self, version: int) -> list[VersionState]:
+        return [s.state for _, s in self.seen if s.version == version]
+
+
+def predict(repository: ModelRepository, version: int | None = None) -> dict[str, np.ndarray]:
+    with repository.servable(MODEL, version) as servable:
+        return servable.run(SIGNATURE, model_factory.sample_inputs(2))
+
+
+# -- discovery and policies ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def three_versions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Versions 1-3 plus directories TensorFlow Serving would not take for versions."""
+    root = tmp_path_factory.mktemp("three") / "models"
+    for version in (1, 2, 3):
+        model_factory.publish(root, version)
+    for junk in (".staging-0a1b", "latest", "04", "-5"):
+        model_factory.write_version(root / MODEL / junk)
+    (root / "not a model").mkdir()
+    (root / ".hidden").mkdir()
+    return root
+
+
+@pytest.mark.parametrize(
+    ("policy", "served"),
+    [
+        (None, [3]),
+        (VersionPolicy("latest", num_versions=2), [2, 3]),
+        (VersionPolicy("all"), [1, 2, 3]),
+        (VersionPolicy("specific", versions=[3, 1, 9]), [1, 3]),
+    ],
+    ids=["default-latest", "latest-2", "all", "specific"],
+)
+def test_policies_choose_among_integer_versions(
+    three_versions: Path, make, policy: VersionPolicy | None, served: list[int]
+) -> None:
+    repository = make(three_versions, policies={MODEL: policy} if policy else None)
+    repository.poll()
+    assert repository.models() == [MODEL]
+    assert repository.versions(MODEL) == served
+    assert repository.status(MODEL) == [VersionStatus(v, AVAILABLE) for v in reversed(served)]
+    assert repository.servable(MODEL).version == served[-1]
+
+
+def test_policy_validation() -> None:
+    with pytest.raises(ValueError, match="latest, all or specific"):
+        VersionPolicy("newest")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_versions >= 1"):
+        VersionPolicy("latest", num_versions=0)
+    with pytest.raises(ValueError, match="at least one version"):
+        VersionPolicy("specific")
+
+
+def test_lookups_explain_what_exists(three_versions: Path, make) -> None:
+    repository = make(three_versions, default_policy=VersionPolicy("latest", num_versions=2))
+    repository.poll()
+    with pytest.raises(
+        NotFound, match="model 'digits' version 1 is not available; available versions: 2, 3"
+    ):
+        repository.servable(MODEL, 1)
+    with pytest.raises(NotFound, match="model 'nope' not found"):
+        repository.servable("nope")
+    with pytest.raises(NotFound, match="could not find version 7 of model 'digits'"):
+        repository.status(MODEL, 7)
+    assert repository.status(MODEL, 2) == [VersionStatus(2, AVAILABLE)]
+    assert repository.versions("nope") == []
+
+
+# -- lifecycle ----------------------------------------------------------------------------
+
+
+def test_new_version_is_loaded_and_warmed_up_before_it_is_available(root: Path, make) -> None:
+    model_factory.publish(root, 1)
+    warmups: list[tuple[int, VersionState, list[int]]] = []
+    events = Events()
+
+    def recording_warmup(backend: Backend, path: Path) -> int:
+        version = int(path.name)
+        warmups.append(
+            (version, repository.status(MODEL, version)[0].state, repository.versions(MODEL))
+        )
+        return warm_up(backend, path)
+
+    repository = make(root, poll_interval=0.05, warmup=recording_warmup)
+    repository.add_listener(events)
+    repository.start()
+    assert repository.wait_ready(timeout=60)
+    assert repository.versions(MODEL) == [1]
+
+    model_factory.publish(root, 2)
+    assert repository.wait_for(MODEL, 2, [AVAILABLE, END], timeout=60) == VersionStatus(
+        2, AVAILABLE
+    )
+    repository.wait_for(MODEL, 1, [END], timeout=60)
+
+    assert warmups == [(1, VersionState.LOADING, []), (2, VersionState.LOADING, [1])]
+    assert events.states(2) == [VersionState.START, VersionState.LOADING, AVAILABLE]
+    assert events.states(1)[-2:] == [UNLOADING, END]
+    # Version 1 began unloading only after version 2 could take its traffic.
+    order = [(s.version, s.state) for _, s in events.seen]
+    assert order.index((2, AVAILABLE)) < order.index((1, UNLOADING))
+    assert repository.versions(MODEL) == [2]
+    assert predict(repository)["label"].shape == (2, 10)
+
+    repository.stop()
+    assert [s.state for s in repository.status(MODEL)] == [END, END]
+
+
+def test_removed_version_unloads_after_requests_in_flight(root: Path, make) -> None:
+    for version in (1, 2):
+        model_factory.publish(root, version)
+    repository = make(root, policies={MODEL: VersionPolicy("all")})
+    repository.poll()
+    with repository.servable(MODEL, 1) as servable:
+        shutil.rmtree(root / MODEL / "1")
+        repository.poll()
+        assert repository.status(MODEL, 1) == [VersionStatus(1, UNLOADING)]
+        assert repository.versions(MODEL) == [2]
+        with pytest.raises(NotFound, match="available versions: 2"):
+            repository.servable(MODEL, 1)
+        with pytest.raises(NotFound, match="is unloading"), servable:
+            pass
+        # The request already in flight still completes on the old version.
+        assert servable.run(SIGNATURE, model_factory.sample_inputs(1))["value"].shape == (1, 1)
+        with pytest.raises(TimeoutError):
+            repository.wait_for(MODEL, 1, [END], timeout=0.2)
+    assert repository.wait_for(MODEL, 1, [END], timeout=30) == VersionStatus(1, END)
+    with pytest.raises(Unavailable):
+        servable.backend.run(SIGNATURE, model_factory.sample_inputs(1))
+    assert predict(repository, 2)["label"].shape == (2, 10)
+
+
+def test_unloading_stops_waiting_after_the_timeout(root: Path, make) -> None:
+    model_factory.publish(root, 1)
+    repository = make(root, unload_timeout=0.05)
+    repository.poll()
+    with repository.servable(MODEL, 1):
+        shutil.rmtree(root / MODEL / "1")
+        repository.poll()
+        assert repository.wait_for(MODEL, 1, [END], timeout=30).state is END
+
+
+# -- refusals -----------------------------------------------------------------------------
+
+
+def test_tampered_version_ends_with_data_loss_while_others_serve(root: Path, make) -> None:
+    model_factory.publish(root, 1)
+    tampered = model_factory.publish(root, 2)
+    data = tampered / "variables" / "variables.data-00000-of-00001"
+    content = bytearray(data.read_bytes())
+    content[-1] ^= 0x01
+    data.write_bytes(bytes(content))
+    opened: list[Path] = []
+
+    def counting_factory(path: Path) -> Backend:
+        opened.append(path)
+        return open_backend(path)
+
+    repository = make(root, backend_factory=counting_factory)
+    repository.poll()
+    [status] = repository.status(MODEL, 2)
+    assert (status.state, status.error_code) == (END, 15)
+    assert status.error_message == (
+        "files do not match slipway.json: "
+        "variables/variables.data-00000-of-00001: SHA-256 does not match"
+    )
+    assert repository.versions(MODEL) == [1]
+    assert predict(repository)["label"].shape == (2, 10)
+
+    repository.poll()  # a failed version is not retried while its directory is unchanged
+    assert [p.name for p in opened] == ["1"]
+
+    shutil.rmtree(tampered)
+    model_factory.publish(root, 2)  # republished: a new directory is tried again
+    repository.poll()
+    assert repository.status(MODEL, 2) == [VersionStatus(2, AVAILABLE)]
+    assert repository.wait_for(MODEL, 1, [END], timeout=30).state is END
+
+
+def test_version_that_fails_to_load_keeps_its_error(root: Path, make) -> None:
+    model_factory.publish(root, 1)
+    broken = model_factory.publish(root, 2)
+    (broken / "saved_model.pb").write_bytes(b"definitely not a SavedModel")
+    manifest = model_factory.signature_json()
+    write_model_manifest(
+        broken, {"name": MODEL, "signature": manifest, "files": file_checksums(broken)}
+    )
+    repository = make(root)
+    repository.poll()
+    [status] = repository.status(MODEL, 2)
+    assert status.state is END and status.error_code not in (0, 15)
+    assert status.error_message
+    assert repository.versions(MODEL) == [1]
+
+
+def test_failing_warmup_keeps_the_version_out(root: Path, make) -> None:
+    model_factory.publish(root, 1)
+
+    def failing_warmup(backend: Backend, path: Path) -> None:
+        raise InvalidArgument("warm-up request 0 does not match the signature")
+
+    repository = make(root, warmup=failing_warmup)
+    repository.poll()
+    assert repository.status(MODEL) == [
+        VersionStatus(1, END, 3, "warm-up request 0 does not match the signature")
+    ]
+    with pytest.raises(NotFound, match="has no available version"):
+        repository.servable(MODEL)
+
+
+def test_plain_savedmodel_is_served_with_a_warning_unless_strict(
+    root: Path, make, caplog: pytest.LogCaptureFixture
+) -> None:
+    model_factory.publish(root, 1, manifest=False)
+    with caplog.at_level(logging.WARNING, logger="serving.repository"):
+        lenient = make(root)
+        lenient.poll()
+    assert lenient.versions(MODEL) == [1]
+    assert lenient.servable(MODEL).manifest is None and lenient.servable(MODEL).labels == {}
+    assert "has no slipway.json: serving it unverified" in caplog.text
+
+    strict = make(root, strict=True)
+    strict.poll()
+    [status] = strict.status(MODEL)
+    assert (status.state, status.error_code) == (END, 9)
+    assert "strict mode" in status.error_message
+
+
+def test_tflite_versions_are_served(root: Path, make) -> None:
+    model_factory.publish(root, 4, kind="tflite")
+    repository = make(root)
+    repository.poll()
+    servable = repository.servable(MODEL)
+    assert servable.version == 4
+    assert servable.labels["label"]["classes"] == model_factory.CLASSES
+    inputs = model_factory.sample_inputs(3)
+    with servable:
+        outputs = servable.run(SIGNATURE, inputs)
+    expected = model_factory.keras_outputs(inputs)
+    np.testing.assert_allclose(outputs["label"], expected["label"], rtol=1e-4, atol=1e-5)
+
+
+def test_version_directories_leading_outside_the_root_are_refused(
+    root: Path, tmp_path: Path, make
+) -> None:
+    outside = tmp_path / "elsewhere"
+    model_factory.write_version(outside)
+    (root / MODEL).mkdir()
+    (root / MODEL / "5").symlink_to(outside)
+    repository = make(root)
+    repository.poll()
+    [status] = repository.status(MODEL)
+    assert (status.version, status.state, status.error_code) == (5, END, 7)
+    assert "leads outside" in status.error_message
