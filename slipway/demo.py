@@ -74,11 +74,36 @@ def show_input_pipeline(dataset: Path) -> None:
         console.print(f"  {name}: {tensor.dtype.name} {tuple(tensor.shape)}")
 
 
+def training_story(workdir: Path) -> Path:
+    """Train the digits CNN and publish it as a version in the demo's model repository."""
+    import json
+
+    console.print(Rule("2. Training"))
+    experiments = workdir / "experiments"
+    experiments.mkdir(parents=True, exist_ok=True)
+    for experiment in (EXAMPLES / "experiments").glob("*.yaml"):
+        shutil.copy(experiment, experiments / experiment.name)
+    models = workdir / "models"
+    shutil.rmtree(models / "digits", ignore_errors=True)
+    shutil.rmtree(workdir / "runs" / "digits-cnn", ignore_errors=True)
+    run("train", str(experiments / "digits_cnn.yaml"))
+    version = models / "digits" / "1"
+    manifest = json.loads((version / "slipway.json").read_text())
+    signature = manifest["signature"]
+    console.print(
+        f"model repository: {version} — inputs {list(signature['inputs'])}, "
+        f"outputs {list(signature['outputs'])}, test accuracy "
+        f"{manifest['metrics']['test']['label_accuracy']:.3f}"
+    )
+    return version
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run Slipway's end-to-end demo.")
     parser.add_argument("--workdir", type=Path, default=Path("out/demo"))
     args = parser.parse_args()
     data_story(args.workdir)
+    training_story(args.workdir)
     console.print(Rule("done"))
     console.print(f"everything the demo made is under [bold]{args.workdir}[/]")
 

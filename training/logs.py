@@ -61,6 +61,8 @@ class RunLog:
         self._jsonl.flush()
 
     def close(self) -> None:
+        if self._progress is not None:
+            print(flush=True)  # end the progress bar's line
         if self._writer is not None:
             self._writer.flush()
             self._writer.close()
