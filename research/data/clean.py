@@ -73,10 +73,9 @@ def compile_rules(
         else:
             _check_strings("clean.pii.fields", clean.pii.fields, schema)
             pii_fields = tuple(clean.pii.fields)
+    form = clean.unicode_normalization
     return CleanRules(
-        normalization=None
-        if clean.unicode_normalization == "none"
-        else clean.unicode_normalization,
+        normalization=None if form == "none" else form,
         collapse_whitespace=clean.collapse_whitespace,
         string_fields=strings,
         required=tuple(required),
@@ -152,8 +151,8 @@ class CleanRecords(beam.PTransform):
     """Normalise, filter and mask records per the spec's ``clean`` section.
 
     ``required`` adds to the spec's ``clean.required`` the fields without which a record
-    is useless to the caller (labels, say). Misconfigured
-    rules raise ConfigError when the transform is built, before any data is read.
+    is useless to the caller (labels, say). Misconfigured rules raise ConfigError when
+    the transform is built, before any data is read.
     """
 
     def __init__(

@@ -59,7 +59,15 @@ def run_build(args: argparse.Namespace) -> int:
     output = args.output or Path("datasets") / spec.name
     started = time.monotonic()
     with console.status(f"building dataset [bold]{spec.name}[/] with Apache Beam…"):
-        result = build_dataset(spec, output, overwrite=args.overwrite, beam_args=args.extra_args)
+        try:
+            result = build_dataset(
+                spec, output, overwrite=args.overwrite, beam_args=args.extra_args
+            )
+        except ConfigError as exc:
+            message = str(exc)
+            raise ConfigError(
+                message if message.startswith(str(args.spec)) else f"{args.spec}: {message}"
+            ) from None
     console.print(render_report(result.report, title=f"{spec.name}: data report"))
     console.print(
         f"wrote [bold]{result.output_dir}[/] in {time.monotonic() - started:.1f}s "

@@ -2,11 +2,12 @@
 
 Whenever records collide, the one with the smallest ``_rank`` survives, so every run
 and every runner keeps the same record. Both transforms decide *which ranks to drop*
-from compact keys and only then filter the records against that (small) set: full
-records never cross a shuffle here. That matters on Beam's in-process runner, which
-holds everything that crosses a GroupByKey in memory as Python objects; so keys are
-also packed many to a shuffle element (per batch and hash partition) rather than one
-element per record.
+from compact keys (32-bit key and id pairs, packed many to a shuffle element) and
+only then filter the records against that small set: full records never cross a
+shuffle. That matters on Beam's in-process runner, which holds whatever crosses a
+shuffle or waits for a side input in memory, several times over. Keys are only a
+sieve: a key or id collision adds records to compare, and the decision is always made
+on full evidence (a 128-bit digest, or a MinHash signature) in rank order.
 
 Near duplicates are found with MinHash and locality-sensitive hashing (LSH):
 
@@ -29,8 +30,9 @@ import math
 import re
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import Literal, Protocol
 
 import apache_beam as beam
 import numpy as np
@@ -44,6 +46,7 @@ MERSENNE_PRIME = (1 << 61) - 1
 EMPTY_HASH = MERSENNE_PRIME
 PERMUTATION_SEED = 20_240_501
 _U64 = np.uint64
+_U32 = np.uint32
 _MASK32 = _U64(0xFFFFFFFF)
 
 # Records per batch when computing keys; shuffle keys per batch = partitions (x bands).
@@ -62,9 +65,6 @@ _BLOCK_ELEMENTS = 1 << 16
 
 _WORD = re.compile(r"\w+")
 _RECORDS = beam.coders.FastPrimitivesCoder()
-_EXACT_ENTRIES = beam.coders.IterableCoder(
-    beam.coders.TupleCoder([beam.coders.BytesCoder(), beam.coders.StrUtf8Coder()])
-)
 
 Shingle = Literal["word", "char"]
 
@@ -83,25 +83,31 @@ def _mix(values: np.ndarray) -> np.ndarray:
 
 @lru_cache(maxsize=1 << 18)
 def _word_hash(word: str) -> int:
-    return int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest(), "little")
+    digest = hashlib.blake2b(word.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def record_id(rank: str) -> int:
-    """A 63-bit stand-in for a rank where ranks are too bulky to carry (LSH buckets)."""
-    digest = hashlib.blake2b(rank.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    """A 32-bit stand-in for a rank in LSH buckets, where ranks are too bulky to carry.
+
+    Ids may collide. That only adds records to compare: ranks and signatures decide
+    what is dropped, so a collision never drops a record.
+    """
+    digest = hashlib.blake2b(rank.encode("utf-8", "surrogatepass"), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
 
 
 def _units(texts: Sequence[str], shingle: Shingle) -> tuple[np.ndarray, np.ndarray]:
     """Every text's words (hashed) or characters (code points), concatenated, and lengths."""
     if shingle == "word":
-        tokens = [words(text) for text in texts]
-        lengths = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(texts))
-        flat = [_word_hash(word) for words in tokens for word in words]
-        return np.array(flat, dtype=_U64), lengths
+        split = [words(text) for text in texts]
+        lengths = np.fromiter((len(w) for w in split), dtype=np.int64, count=len(texts))
+        hashed = [_word_hash(word) for text_words in split for word in text_words]
+        return np.array(hashed, dtype=_U64), lengths
     folded = [" ".join(text.casefold().split()) for text in texts]
     lengths = np.fromiter((len(t) for t in folded), dtype=np.int64, count=len(texts))
-    points = np.frombuffer("".join(folded).encode("utf-32-le"), dtype="<u4")
+    joined = "".join(folded).encode("utf-32-le", "surrogatepass")  # JSON allows lone ones
+    points = np.frombuffer(joined, dtype="<u4")
     return points.astype(_U64), lengths
 
 
@@ -281,16 +287,162 @@ def band_hashes(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- Beam
+#
+# Both transforms run the same plan, differing only in their ``_Method``:
+#
+# 1. per batch of records, a method computes 32-bit keys (a content digest prefix for
+#    exact, band hashes for near) and emits (key, record id) pairs packed per hash
+#    partition; the records themselves are packed into compressed batches;
+# 2. a shuffle per partition finds the keys shared by several records: buckets of ids;
+# 3. a second pass over the packed records, with the (small) bucket membership table as
+#    a side input, emits each bucketed record's rank and evidence (full digest, or
+#    signature) to its buckets;
+# 4. per bucket, in rank order, the method names the records that repeat an earlier
+#    one; their ranks are removed from the packed records.
 
 
-def _batches(label: str) -> beam.PTransform:
-    return label >> beam.BatchElements(
-        min_batch_size=BATCH_SIZE, max_batch_size=BATCH_SIZE, record_metrics=False
-    )
+class _Method(Protocol):
+    """How one kind of de-duplication keys, evidences and judges records."""
+
+    counter: str
+
+    def keys(self, batch: list[Record]) -> tuple[np.ndarray, np.ndarray]:
+        """(indices of the records that take part, their uint32 keys: one column each)."""
+
+    def evidence(self, batch: list[Record]) -> list[bytes]:
+        """What decides whether two records in a bucket are duplicates."""
+
+    def duplicate_rows(self, evidence: list[bytes]) -> Iterable[int]:
+        """Rows (in rank order) that duplicate an earlier row."""
+
+
+@dataclass(frozen=True)
+class _Exact:
+    fields: tuple[str, ...] | None
+    counter: str = "dedup.exact.merged"
+
+    def _digests(self, batch: list[Record]) -> list[bytes]:
+        fields = list(self.fields) if self.fields is not None else None
+        return [records.content_digest(record, fields) for record in batch]
+
+    def keys(self, batch: list[Record]) -> tuple[np.ndarray, np.ndarray]:
+        prefixes = b"".join(digest[:4] for digest in self._digests(batch))
+        return np.arange(len(batch)), np.frombuffer(prefixes, dtype=_U32).reshape(-1, 1)
+
+    def evidence(self, batch: list[Record]) -> list[bytes]:
+        return [digest[:16] for digest in self._digests(batch)]
+
+    def duplicate_rows(self, evidence: list[bytes]) -> Iterable[int]:
+        seen: set[bytes] = set()
+        for row, digest in enumerate(evidence):
+            if digest in seen:
+                yield row
+            seen.add(digest)
+
+
+@dataclass(frozen=True)
+class _Near:
+    spec: NearDedupSpec
+    bands: int
+    rows: int
+    counter: str = "dedup.near.merged"
+
+    def _signatures(self, batch: list[Record]) -> np.ndarray:
+        texts = [value if isinstance(value := r.get(self.spec.field), str) else "" for r in batch]
+        return text_signatures(texts, self.spec.shingle, self.spec.ngram, self.spec.num_perm)
+
+    def keys(self, batch: list[Record]) -> tuple[np.ndarray, np.ndarray]:
+        signatures = self._signatures(batch)
+        present = np.flatnonzero(signatures[:, 0] != _U64(EMPTY_HASH))  # no text, no shingles
+        hashes = band_hashes(signatures[present], self.bands, self.rows)
+        return present, (hashes >> _U64(32)).astype(_U32)
+
+    def evidence(self, batch: list[Record]) -> list[bytes]:
+        # The low 32 bits of each value are plenty to tell equal values apart. A record
+        # without shingles (in a bucket by an id collision) has no evidence to compare.
+        signatures = self._signatures(batch)
+        compact = (signatures & _MASK32).astype(_U32)
+        empty = signatures[:, 0] == _U64(EMPTY_HASH)
+        return [b"" if none else row.tobytes() for row, none in zip(compact, empty, strict=True)]
+
+    def duplicate_rows(self, evidence: list[bytes]) -> Iterable[int]:
+        rows = [row for row, proof in enumerate(evidence) if proof]
+        if len(rows) < 2:
+            return []
+        matrix = np.frombuffer(b"".join(evidence[row] for row in rows), dtype=_U32)
+        needed = math.ceil(self.spec.threshold * self.spec.num_perm - 1e-9)
+        return [rows[i] for i in near_duplicate_rows(matrix.reshape(len(rows), -1), needed)]
+
+
+class DeduplicateExact(beam.PTransform):
+    """Keep one record per identical content: the one with the smallest rank.
+
+    Content is the SHA-256 of the canonical serialisation of ``fields`` (every public
+    field when None). Counter ``dedup.exact.merged`` counts the records removed.
+    """
+
+    def __init__(self, fields: list[str] | None = None) -> None:
+        super().__init__()
+        self._method = _Exact(tuple(fields) if fields is not None else None)
+
+    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
+        return pcoll | _Deduplicate(self._method)
+
+
+class DeduplicateNear(beam.PTransform):
+    """Drop records whose text is a near duplicate of a smaller-ranked record's.
+
+    Records without text (None or no shingles) are never near duplicates. Counter
+    ``dedup.near.merged`` counts the records removed.
+    """
+
+    def __init__(self, spec: NearDedupSpec) -> None:
+        super().__init__()
+        bands, rows = optimal_lsh_params(
+            spec.threshold, spec.num_perm, FALSE_POSITIVE_WEIGHT, FALSE_NEGATIVE_WEIGHT
+        )
+        self._method = _Near(spec, bands, rows)
+
+    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
+        return pcoll | _Deduplicate(self._method)
+
+
+class _Deduplicate(beam.PTransform):
+    def __init__(self, method: _Method) -> None:
+        super().__init__()
+        self._method = method
+
+    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
+        method = self._method
+        batches = pcoll | "Batch" >> beam.BatchElements(
+            min_batch_size=BATCH_SIZE, max_batch_size=BATCH_SIZE, record_metrics=False
+        )
+        memberships = (
+            batches
+            | "Keys" >> beam.FlatMap(_key_partitions, method)
+            | "ShuffleKeys" >> beam.GroupByKey()
+            | "Buckets" >> beam.FlatMap(_shared_keys)
+            | "Memberships" >> beam.Map(_membership_rows)
+            | "CollectMemberships" >> beam.combiners.ToList().without_defaults()
+            | "MembershipTable" >> beam.Map(_membership_table)
+        )
+        packed = batches | "Pack" >> beam.Map(_pack)
+        drops = (
+            packed
+            | "Evidence"
+            >> beam.ParDo(
+                _EvidenceToBuckets(method), beam.pvalue.AsSingleton(memberships, default_value=b"")
+            )
+            | "ShuffleBuckets" >> beam.GroupByKey()
+            | "Judge" >> beam.FlatMap(_judge_bucket, method)
+        )
+        return packed | "Remove" >> beam.ParDo(
+            _RemoveRanks(method.counter), beam.pvalue.AsList(drops)
+        )
 
 
 def _pack(batch: list[Record]) -> bytes:
-    """A batch of records as one compressed element, to wait for a decision compactly.
+    """A batch of records as one compressed element, to wait for the verdict compactly.
 
     The records must wait until the drop set is known; Beam's in-process runner holds
     waiting elements in memory several times over, and compressed batches of records
@@ -303,19 +455,90 @@ def _unpack(packed: bytes) -> list[Record]:
     return _RECORDS.decode(zlib.decompress(packed))
 
 
-class _RemoveRanks(beam.PTransform):
-    """Unpack record batches, keeping the records whose rank is not in ``drops``."""
+def _key_partitions(batch: list[Record], method: _Method) -> Iterator[tuple[int, bytes]]:
+    """(column x partition, packed [(key, record id)...]) for each key column and partition."""
+    present, keys = method.keys(batch)
+    if not len(present):
+        return
+    ids = np.array([record_id(batch[i][RANK]) for i in present], dtype=_U32)
+    shift = _U32(32 - int(math.log2(PARTITIONS)))
+    for column in range(keys.shape[1]):
+        values = keys[:, column]
+        partitions = values >> shift
+        order = np.argsort(partitions, kind="stable")
+        ordered = partitions[order]
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        for begin, end in zip(starts, np.r_[starts[1:], len(order)], strict=True):
+            chosen = order[begin:end]
+            packed = np.stack([values[chosen], ids[chosen]], axis=1).tobytes()
+            yield column * PARTITIONS + int(ordered[begin]), packed
 
-    def __init__(self, drops: beam.PCollection, counter: str) -> None:
-        super().__init__()
-        self._drops = drops
-        self._counter = counter
 
-    def expand(self, packed: beam.PCollection) -> beam.PCollection:
-        return packed | beam.ParDo(_RemoveRanksFn(self._counter), beam.pvalue.AsList(self._drops))
+def _shared_keys(item: tuple[int, Iterable[bytes]]) -> Iterator[bytes]:
+    """The record ids (sorted, packed) of every key that two or more records share."""
+    entries = np.frombuffer(b"".join(item[1]), dtype=_U32).reshape(-1, 2)
+    entries = entries[np.lexsort((entries[:, 1], entries[:, 0]))]
+    keys = entries[:, 0]
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    for begin, end in zip(starts, np.r_[starts[1:], len(keys)], strict=True):
+        if end - begin > 1:
+            yield entries[begin:end, 1].tobytes()
 
 
-class _RemoveRanksFn(beam.DoFn):
+def _membership_rows(bucket: bytes) -> bytes:
+    """Packed (record id, bucket key) rows; equal buckets (other bands) share their key."""
+    ids = np.frombuffer(bucket, dtype=_U32).astype(_U64)
+    key = int.from_bytes(hashlib.blake2b(bucket, digest_size=8).digest(), "little") >> 1
+    return np.stack([ids, np.full(len(ids), key, dtype=_U64)], axis=1).tobytes()
+
+
+def _membership_table(rows: list[bytes]) -> bytes:
+    """Every distinct (record id, bucket key) row, sorted, as one packed array."""
+    table = np.frombuffer(b"".join(rows), dtype=_U64).reshape(-1, 2)
+    return np.unique(table, axis=0).tobytes()
+
+
+class _EvidenceToBuckets(beam.DoFn):
+    """(bucket key, (rank, evidence)) for every bucket each record sits in.
+
+    Evidence (digests, signatures) is recomputed for the few bucketed records rather
+    than carried through the shuffle for all of them.
+    """
+
+    def __init__(self, method: _Method) -> None:
+        self._method = method
+        self._source: bytes | None = None
+        self._table = np.empty((0, 2), dtype=_U64)
+
+    def process(self, packed: bytes, memberships: bytes) -> Iterator[tuple[int, tuple[str, bytes]]]:
+        if memberships is not self._source:  # the runner hands the same value within a bundle
+            self._source = memberships
+            self._table = np.frombuffer(memberships, dtype=_U64).reshape(-1, 2)
+        if not len(self._table):
+            return
+        batch = _unpack(packed)
+        ids = np.array([record_id(record[RANK]) for record in batch], dtype=_U64)
+        first = np.searchsorted(self._table[:, 0], ids, side="left")
+        last = np.searchsorted(self._table[:, 0], ids, side="right")
+        chosen = np.flatnonzero(last > first)
+        evidence = self._method.evidence([batch[i] for i in chosen])
+        for index, proof in zip(chosen, evidence, strict=True):
+            value = (batch[index][RANK], proof)
+            for key in self._table[first[index] : last[index], 1]:
+                yield int(key), value
+
+
+def _judge_bucket(item: tuple[int, Iterable[tuple[str, bytes]]], method: _Method) -> Iterator[str]:
+    """Ranks in a bucket that the method finds repeating a smaller rank."""
+    members = dict(item[1])
+    ranks = sorted(members)
+    for row in method.duplicate_rows([members[rank] for rank in ranks]):
+        yield ranks[row]
+
+
+class _RemoveRanks(beam.DoFn):
+    """Unpack record batches, keeping the records whose rank is not among the drops."""
+
     def __init__(self, counter: str) -> None:
         self._counter = counter
         self._source: list[str] | None = None
@@ -332,197 +555,6 @@ class _RemoveRanksFn(beam.DoFn):
                 yield record
         if removed:
             records.count(self._counter, removed)
-
-
-class DeduplicateExact(beam.PTransform):
-    """Keep one record per identical content: the one with the smallest rank.
-
-    Content is the SHA-256 of the canonical serialisation of ``fields`` (every public
-    field when None). Counter ``dedup.exact.merged`` counts the records removed.
-    """
-
-    def __init__(self, fields: list[str] | None = None) -> None:
-        super().__init__()
-        self._fields = sorted(fields) if fields is not None else None
-
-    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
-        batches = pcoll | _batches("Batch")
-        drops = (
-            batches
-            | "Digest" >> beam.FlatMap(_digest_partitions, self._fields)
-            | "Shuffle" >> beam.GroupByKey()
-            | "Duplicates" >> beam.FlatMap(_larger_ranks)
-        )
-        packed = batches | "Pack" >> beam.Map(_pack)
-        return packed | "Remove" >> _RemoveRanks(drops, "dedup.exact.merged")
-
-
-def _digest_partitions(
-    batch: list[Record], fields: list[str] | None
-) -> Iterator[tuple[int, bytes]]:
-    """(partition, packed [(digest, rank)...]): one shuffle element per partition."""
-    entries: dict[int, list[tuple[bytes, str]]] = {}
-    for record in batch:
-        digest = records.content_digest(record, fields)
-        entries.setdefault(digest[0] % PARTITIONS, []).append((digest, record[RANK]))
-    for partition, items in sorted(entries.items()):
-        yield partition, _EXACT_ENTRIES.encode(items)
-
-
-def _larger_ranks(item: tuple[int, Iterable[bytes]]) -> Iterator[str]:
-    """Every rank that is not the smallest among the records with its digest."""
-    smallest: dict[bytes, str] = {}
-    for packed in item[1]:
-        for digest, rank in _EXACT_ENTRIES.decode(packed):
-            kept = smallest.get(digest)
-            if kept is None:
-                smallest[digest] = rank
-            elif rank < kept:
-                smallest[digest] = rank
-                yield kept
-            else:
-                yield rank
-
-
-class DeduplicateNear(beam.PTransform):
-    """Drop records whose text is a near duplicate of a smaller-ranked record's.
-
-    Records without text (None or no shingles) are never near duplicates. Counter
-    ``dedup.near.merged`` counts the records removed.
-    """
-
-    def __init__(self, spec: NearDedupSpec) -> None:
-        super().__init__()
-        self._spec = spec
-        self._bands, self._rows = optimal_lsh_params(
-            spec.threshold, spec.num_perm, FALSE_POSITIVE_WEIGHT, FALSE_NEGATIVE_WEIGHT
-        )
-
-    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
-        spec = self._spec
-        batches = pcoll | _batches("Batch")
-        buckets = (
-            batches
-            | "Bands" >> beam.FlatMap(_band_partitions, spec, self._bands, self._rows)
-            | "ShuffleBands" >> beam.GroupByKey()
-            | "Buckets" >> beam.FlatMap(_shared_buckets)
-        )
-        memberships = (
-            buckets
-            | "Memberships" >> beam.Map(_membership_rows)
-            | "CollectMemberships" >> beam.combiners.ToList().without_defaults()
-            | "MembershipTable" >> beam.Map(_membership_table)
-        )
-        packed = batches | "Pack" >> beam.Map(_pack)
-        needed = math.ceil(spec.threshold * spec.num_perm - 1e-9)
-        drops = (
-            packed
-            | "SignaturesToBuckets"
-            >> beam.ParDo(
-                _SignaturesToBuckets(spec), beam.pvalue.AsSingleton(memberships, default_value=b"")
-            )
-            | "GroupBuckets" >> beam.GroupByKey()
-            | "Verify" >> beam.FlatMap(_verify_bucket, needed)
-        )
-        return packed | "Remove" >> _RemoveRanks(drops, "dedup.near.merged")
-
-
-def _texts(batch: list[Record], field: str) -> list[str]:
-    return [value if isinstance(value := record.get(field), str) else "" for record in batch]
-
-
-def _band_partitions(
-    batch: list[Record], spec: NearDedupSpec, bands: int, rows: int
-) -> Iterator[tuple[int, bytes]]:
-    """((band, partition), packed [(band hash, record id)...]) per band and partition."""
-    signatures = text_signatures(_texts(batch, spec.field), spec.shingle, spec.ngram, spec.num_perm)
-    present = np.flatnonzero(signatures[:, 0] != _U64(EMPTY_HASH))
-    if not len(present):
-        return
-    ids = np.array([record_id(batch[i][RANK]) for i in present], dtype=_U64)
-    hashes = band_hashes(signatures[present], bands, rows)
-    shift = _U64(64 - int(math.log2(PARTITIONS)))
-    for band in range(bands):
-        column = hashes[:, band]
-        partitions = column >> shift
-        order = np.argsort(partitions, kind="stable")
-        sorted_parts = partitions[order]
-        boundaries = np.flatnonzero(np.r_[True, sorted_parts[1:] != sorted_parts[:-1]])
-        for begin, end in zip(boundaries, np.r_[boundaries[1:], len(order)], strict=True):
-            chosen = order[begin:end]
-            packed = np.stack([column[chosen], ids[chosen]], axis=1).tobytes()
-            yield band * PARTITIONS + int(sorted_parts[begin]), packed
-
-
-def _shared_buckets(item: tuple[int, Iterable[bytes]]) -> Iterator[bytes]:
-    """The record ids (sorted, packed) of every band hash shared by two or more records."""
-    entries = np.frombuffer(b"".join(item[1]), dtype=_U64).reshape(-1, 2)
-    entries = entries[np.lexsort((entries[:, 1], entries[:, 0]))]
-    hashes = entries[:, 0]
-    starts = np.flatnonzero(np.r_[True, hashes[1:] != hashes[:-1]])
-    ends = np.r_[starts[1:], len(hashes)]
-    for begin, end in zip(starts, ends, strict=True):
-        if end - begin > 1:
-            yield entries[begin:end, 1].tobytes()
-
-
-def _membership_rows(bucket: bytes) -> bytes:
-    """Packed (record id, bucket key) rows; equal buckets (from other bands) share a key."""
-    ids = np.frombuffer(bucket, dtype=_U64)
-    key = int.from_bytes(hashlib.blake2b(bucket, digest_size=8).digest(), "little") >> 1
-    return np.stack([ids, np.full(len(ids), key, dtype=_U64)], axis=1).tobytes()
-
-
-def _membership_table(rows: list[bytes]) -> bytes:
-    """Every distinct (record id, bucket key) row, sorted, as one packed array."""
-    table = np.frombuffer(b"".join(rows), dtype=_U64).reshape(-1, 2)
-    return np.unique(table, axis=0).tobytes()
-
-
-class _SignaturesToBuckets(beam.DoFn):
-    """(bucket key, (rank, 32-bit signature)) for every bucket a record sits in.
-
-    Signatures are recomputed for the few records in some bucket rather than carried
-    for all of them; the low 32 bits of each value are plenty to tell equal values apart.
-    """
-
-    def __init__(self, spec: NearDedupSpec) -> None:
-        self._spec = spec
-        self._source: bytes | None = None
-        self._table = np.empty((0, 2), dtype=_U64)
-
-    def process(self, packed: bytes, memberships: bytes) -> Iterator[tuple[int, tuple[str, bytes]]]:
-        if memberships is not self._source:  # the runner hands the same value within a bundle
-            self._source = memberships
-            self._table = np.frombuffer(memberships, dtype=_U64).reshape(-1, 2)
-        if not len(self._table):
-            return
-        batch = _unpack(packed)
-        ids = np.array([record_id(record[RANK]) for record in batch], dtype=_U64)
-        first = np.searchsorted(self._table[:, 0], ids, side="left")
-        last = np.searchsorted(self._table[:, 0], ids, side="right")
-        chosen = np.flatnonzero(last > first)
-        if not len(chosen):
-            return
-        spec = self._spec
-        texts = _texts([batch[i] for i in chosen], spec.field)
-        signatures = text_signatures(texts, spec.shingle, spec.ngram, spec.num_perm)
-        compact = (signatures & _MASK32).astype(np.uint32)
-        for row, index in enumerate(chosen):
-            value = (batch[index][RANK], compact[row].tobytes())
-            for key in self._table[first[index] : last[index], 1]:
-                yield int(key), value
-
-
-def _verify_bucket(item: tuple[bytes, Iterable[tuple[str, bytes]]], needed: int) -> Iterator[str]:
-    """Ranks in a bucket agreeing with a smaller rank in ``needed`` signature positions."""
-    members = dict(item[1])
-    ranks = sorted(members)
-    if len(ranks) < 2:
-        return
-    matrix = np.frombuffer(b"".join(members[rank] for rank in ranks), dtype=np.uint32)
-    for row in near_duplicate_rows(matrix.reshape(len(ranks), -1), needed):
-        yield ranks[row]
 
 
 def near_duplicate_rows(signatures: np.ndarray, needed: int) -> list[int]:

@@ -28,7 +28,13 @@ from research.data.spec import PII_KINDS
 # Overlapping patterns must be applied in this order (see the module docstring).
 APPLY_ORDER: tuple[str, ...] = ("email", "card", "ipv4", "phone")
 
-_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}(?![A-Za-z0-9])")
+# RFC 5322 "atext" local parts; letter or punycode ("xn--") top-level domains, which
+# digits may follow (masking them later must not leave an address behind). Every
+# repetition is bounded (RFC limits), so no input can make matching quadratic.
+_EMAIL = re.compile(
+    r"[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]{1,64}@(?:[A-Za-z0-9-]{1,63}\.){1,126}"
+    r"(?:[Xx][Nn]--[A-Za-z0-9-]{1,59}|[A-Za-z]{2,63})(?![A-Za-z])"
+)
 
 # Every pattern below starts by consuming a character and only then looks behind it:
 # a pattern that starts with a look-behind is tried at every position of the text and
@@ -149,7 +155,7 @@ def _mask_kind(text: str, kind: _Kind) -> tuple[str, int]:
 
 
 def _ascii_digit_count(text: str) -> int:
-    encoded = text.encode("utf-8")
+    encoded = text.encode("utf-8", "surrogatepass")  # JSON may carry lone surrogates
     return len(encoded) - len(encoded.translate(None, _ASCII_DIGITS))
 
 
@@ -161,7 +167,8 @@ def mask_pii(text: str, kinds: Iterable[str] = PII_KINDS) -> tuple[str, dict[str
     """
     plan = _plan(frozenset(kinds))
     counts = dict.fromkeys(plan, 0)
-    digits = _ascii_digit_count(text)  # masking only removes digits: stays an upper bound
+    # Each replacement removes more digits than its placeholder holds: an upper bound.
+    digits = _ascii_digit_count(text)
     for name in plan:
         kind = _KINDS[name]
         if digits < kind.min_digits or (kind.marker and text.count(kind.marker) < kind.min_markers):

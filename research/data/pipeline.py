@@ -13,6 +13,7 @@ asked to (``overwrite``), by a rename.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -23,12 +24,14 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from research.configs import ConfigError
 from research.data import records
 from research.data.categories import CategoryVocabularies
 from research.data.clean import CleanRecords
 from research.data.dedup import DeduplicateExact, DeduplicateNear
 from research.data.features import FeatureSpec
 from research.data.manifest import (
+    MANIFEST_FILE,
     DatasetExistsError,
     Manifest,
     ShardInfo,
@@ -88,6 +91,23 @@ def vocab_fields(spec: DatasetSpec, schema: dict[str, FieldSchema]) -> list[str]
     return [name for name, field in schema.items() if field.type == "text"]
 
 
+def _input_order(entry: dict[str, str]) -> tuple[Any, ...]:
+    parts = re.split(r"(\d+)", entry["origin"])
+    natural = [int(part) if index % 2 else part for index, part in enumerate(parts)]
+    return natural, entry["stage"], entry["reason"]
+
+
+def write_quarantine(entries: list[dict[str, str]], path: str) -> str:
+    """Quarantined inputs in input order (file, then line), whatever order bundles ran in.
+
+    The list is held by one worker; each entry's raw text is capped (records.quarantine_entry).
+    """
+    with open(path, "w", encoding="utf-8") as handle:
+        for entry in sorted(entries, key=_input_order):
+            handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
+    return path
+
+
 def _write_json(path: str) -> Any:
     def write(value: Any) -> str:
         write_json_atomically(path, value)
@@ -123,9 +143,8 @@ def construct_pipeline(
     ) | "AllQuarantine" >> beam.Flatten()
     (
         quarantine
-        | "QuarantineJson" >> beam.Map(lambda entry: json.dumps(entry, ensure_ascii=False))
-        | "WriteQuarantine"
-        >> beam.io.WriteToText(str(staging / QUARANTINE_FILE), shard_name_template="")
+        | "QuarantineList" >> beam.combiners.ToList()
+        | "WriteQuarantine" >> beam.Map(write_quarantine, str(staging / QUARANTINE_FILE))
     )
 
     clean = conformed.records | "Clean" >> CleanRecords(
@@ -191,7 +210,9 @@ def _read_json(path: Path, default: Any) -> Any:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else default
 
 
-def _collect_splits(spec: DatasetSpec, staging: Path, written: list[list[Any]]) -> dict[str, SplitInfo]:
+def _collect_splits(
+    spec: DatasetSpec, staging: Path, written: list[list[Any]]
+) -> dict[str, SplitInfo]:
     """Shard infos per split, adding empty shards so every split has all its files."""
     by_name = {info["path"]: ShardInfo(**info) for _, info in written}
     splits: dict[str, SplitInfo] = {}
@@ -229,11 +250,23 @@ def _finish_features(
     return finished
 
 
+def check_destination(output_dir: Path, overwrite: bool) -> None:
+    """Replace only what a build made: a dataset directory, or an empty one."""
+    if not output_dir.exists():
+        return
+    if not overwrite:
+        raise DatasetExistsError(f"{output_dir} exists; pass --overwrite to replace it")
+    empty = output_dir.is_dir() and not any(output_dir.iterdir())
+    if not empty and not (output_dir / MANIFEST_FILE).is_file():
+        raise DatasetExistsError(
+            f"{output_dir} is not a dataset (no {MANIFEST_FILE}); refusing to replace it"
+        )
+
+
 def _publish(staging: Path, output_dir: Path, overwrite: bool) -> None:
     """Rename the finished staging directory into place (replacing only with overwrite)."""
+    check_destination(output_dir, overwrite)
     if output_dir.exists():
-        if not overwrite:
-            raise DatasetExistsError(f"{output_dir} exists; pass --overwrite to replace it")
         retired = output_dir.with_name(f".{output_dir.name}.replaced-{uuid.uuid4().hex[:8]}")
         output_dir.rename(retired)
         staging.rename(output_dir)
@@ -260,18 +293,21 @@ def build_dataset(
 ) -> BuildResult:
     """Build the dataset ``spec`` describes into ``output_dir`` (see module docstring)."""
     output_dir = Path(output_dir).resolve()
-    if output_dir.exists() and not overwrite:
-        raise DatasetExistsError(f"{output_dir} exists; pass --overwrite to replace it")
+    check_destination(output_dir, overwrite)
     check_sources(spec)
     schema = resolve_schema(spec)
     features = feature_specs(spec, schema)
+
+    try:
+        pipeline = beam.Pipeline(options=pipeline_options(beam_args))
+    except ValueError as exc:
+        raise ConfigError(f"Beam options: {exc}") from None
 
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = output_dir.with_name(f".{output_dir.name}.building-{uuid.uuid4().hex[:8]}")
     (staging / _BUILD_DIR).mkdir(parents=True)
     (staging / VOCAB_DIR).mkdir()
     try:
-        pipeline = beam.Pipeline(options=pipeline_options(beam_args))
         construct_pipeline(pipeline, spec, schema, features, staging)
         result = pipeline.run()
         result.wait_until_finish()

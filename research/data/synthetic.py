@@ -190,8 +190,6 @@ PII_SENTENCES: dict[str, tuple[str, ...]] = {
     "ipv4": ("The request came from {value} again.", "Logs show host {value} timing out."),
     "card": ("The card {value} was charged twice.", "Payment used card number {value}."),
 }
-_SLOTS_BEFORE_TOPIC = (tuple(ADJECTIVES), tuple(ADJECTIVES))
-_SLOTS_AFTER_TOPIC = (CITIES, TIMES, FIRST_NAMES, LAST_NAMES, LOOKALIKES, TEMPLATES)
 EMAIL_DOMAINS = ("example.com", "mail.example.org", "corp.example.net", "example.co.uk")
 CARD_PREFIXES = ("4", "51", "52", "53", "54", "55", "6011", "37", "34")
 
@@ -251,9 +249,25 @@ class _Writer:
     def __init__(self, seed: int, topics: list[str]) -> None:
         self.rng = random.Random(seed)
         self.topics = topics
-        self.adjectives = list(ADJECTIVES)
+        self.adjectives = tuple(ADJECTIVES)
         self._numbers = np.random.default_rng(seed)
         self._draws: list[list[int]] = []
+        # Upper bounds of the bulk draws behind each sentence (see ``sentence``).
+        self._highs = [
+            6,
+            len(topics),
+            len(self.adjectives),
+            len(self.adjectives),
+            1 << 30,
+            1 << 30,
+            1 << 30,
+            len(CITIES),
+            len(TIMES),
+            len(FIRST_NAMES),
+            len(LAST_NAMES),
+            len(LOOKALIKES),
+            len(TEMPLATES),
+        ]
 
     def person(self) -> str:
         return f"{self.rng.choice(FIRST_NAMES)} {self.rng.choice(LAST_NAMES)}"
@@ -265,27 +279,25 @@ class _Writer:
         make generating a million records several times slower.
         """
         if not self._draws:
-            self._draws = self._numbers.integers(0, 1 << 30, size=(4096, 13)).tolist()
-        wander, other, *picks = self._draws.pop()
-        nouns, verbs = TOPICS[self.topics[other % len(self.topics)] if wander % 6 == 0 else topic]
-        adj, adj2, noun, noun2, verb, city, time, first, last, lookalike, template = (
-            options[pick % len(options)]
-            for options, pick in zip(
-                _SLOTS_BEFORE_TOPIC + (nouns, nouns, verbs) + _SLOTS_AFTER_TOPIC, picks, strict=True
-            )
+            self._draws = self._numbers.integers(0, self._highs, size=(4096, 13)).tolist()
+        wander, other, adj, adj2, noun, noun2, verb, city, time, first, last, aside, form = (
+            self._draws.pop()
         )
+        nouns, verbs = TOPICS[self.topics[other] if wander == 0 else topic]
+        adj, adj2 = self.adjectives[adj], self.adjectives[adj2]
+        verb = verbs[verb % len(verbs)]
         used += (adj, adj2)
-        text = template.format(
+        text = TEMPLATES[form].format(
             adj=adj,
             adj2=adj2,
-            noun=noun,
-            noun2=noun2,
+            noun=nouns[noun % len(nouns)],
+            noun2=nouns[noun2 % len(nouns)],
             verb=verb,
             verb_bare=verb.split(" ")[0],
-            city=city,
-            time=time,
-            person=f"{first} {last}",
-            lookalike=lookalike,
+            city=CITIES[city],
+            time=TIMES[time],
+            person=f"{FIRST_NAMES[first]} {LAST_NAMES[last]}",
+            lookalike=LOOKALIKES[aside],
         )
         return text[0].upper() + text[1:]
 
@@ -393,6 +405,20 @@ def generate_corpus(
     fraction of original texts given personal data, which their exact copies keep.
     """
     _check_options(num_records, duplicate_rate, near_duplicate_rate, pii_rate, num_classes)
+    return _generate(
+        num_records, seed, duplicate_rate, near_duplicate_rate, pii_rate, num_classes, truth
+    )
+
+
+def _generate(
+    num_records: int,
+    seed: int,
+    duplicate_rate: float,
+    near_duplicate_rate: float,
+    pii_rate: float,
+    num_classes: int,
+    truth: GroundTruth | None,
+) -> Iterator[Record]:
     topics = sorted(TOPICS)[:num_classes]
     writer = _Writer(seed, topics)
     rng = writer.rng

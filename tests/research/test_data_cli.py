@@ -1,0 +1,375 @@
+"""``slipway data build|validate|show`` as a user runs them, and what they leave on disk.
+
+Commands run in this process through ``slipway.cli.main``, which returns the exit
+code: 0 success, 1 a failed check, 2 a usage or input error with a one-line message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from research.configs import ConfigError
+from research.data import shards
+from research.data.manifest import load_manifest
+from research.data.pipeline import build_dataset
+from research.data.spec import load_spec
+from slipway.cli import build_parser
+from tests.research.data_fixtures import (
+    leftovers,
+    shard_hashes,
+    slipway,
+    tabular_rows,
+    tree_digest,
+    write_tabular_dataset_inputs,
+)
+
+pytestmark = pytest.mark.integration
+
+TABLE_ROWS = 400
+
+
+def one_line(text: str) -> str:
+    """Terminal output with its wrapping undone, for substring checks."""
+    return " ".join(text.split())
+
+
+def validate_json(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    code = slipway("data", "validate", *argv, "--json")
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tabular dataset built by ``slipway data build SPEC`` into its default location."""
+    raw = tmp_path_factory.mktemp("table")
+    write_tabular_dataset_inputs(raw, "table", tabular_rows(TABLE_ROWS, seed=1))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(raw)
+        assert slipway("data", "build", "table.yaml") == 0
+    return raw / "datasets" / "table"
+
+
+@pytest.fixture
+def table_copy(table: Path, tmp_path: Path) -> Path:
+    """A private copy of the built dataset, for tests that replace or damage it."""
+    return Path(shutil.copytree(table, tmp_path / "datasets" / "table"))
+
+
+# --------------------------------------------------------------------------- build
+
+
+def test_build_writes_a_complete_dataset_at_the_default_location(table: Path) -> None:
+    manifest = load_manifest(table)
+    assert sum(split.num_records for split in manifest.splits.values()) == TABLE_ROWS
+    assert sorted(path.name for path in table.iterdir()) == [
+        "manifest.json",
+        "quarantine.jsonl",
+        "report.json",
+        "test-00000-of-00001.tfrecord",
+        "train-00000-of-00002.tfrecord",
+        "train-00001-of-00002.tfrecord",
+        "validation-00000-of-00001.tfrecord",
+        "vocab",
+    ]
+    assert leftovers(table.parent, "table") == []
+
+
+def test_unknown_options_go_to_beam_and_change_nothing(table: Path, tmp_path: Path) -> None:
+    spec = table.parent.parent / "table.yaml"
+    out = tmp_path / "threaded"
+    code = slipway(
+        "data", "build", spec, "-o", out, "--direct_num_workers=2",
+        "--direct_running_mode=multi_threading",
+    )  # fmt: skip
+    assert code == 0
+    assert shard_hashes(out) == shard_hashes(table)
+
+
+def test_existing_dataset_is_refused_without_overwrite(
+    table: Path, table_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = tree_digest(table_copy)
+    spec = table.parent.parent / "table.yaml"
+    capsys.readouterr()
+    assert slipway("data", "build", spec, "-o", table_copy) == 2
+    error = one_line(capsys.readouterr().err)
+    assert str(table_copy) in error and "--overwrite" in error
+    assert tree_digest(table_copy) == before
+    assert leftovers(table_copy.parent, "table") == []
+
+
+def test_overwrite_replaces_the_dataset(table_copy: Path, tmp_path: Path) -> None:
+    spec = write_tabular_dataset_inputs(tmp_path / "raw", "table", tabular_rows(150, seed=9))
+    assert slipway("data", "build", spec, "-o", table_copy, "--overwrite") == 0
+    manifest = load_manifest(table_copy)
+    assert sum(split.num_records for split in manifest.splits.values()) == 150
+    assert leftovers(table_copy.parent, "table") == []
+    assert slipway("data", "validate", table_copy) == 0
+
+
+def something_precious(path: Path, kind: str) -> None:
+    if kind == "folder":
+        path.mkdir()
+        (path / "thesis.txt").write_text("years of work", encoding="utf-8")
+    else:
+        path.write_text("id,x\n1,2\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_overwrite_only_ever_replaces_a_dataset(table: Path, tmp_path: Path, kind: str) -> None:
+    target = tmp_path / "precious"
+    something_precious(target, kind)
+    before = tree_digest(tmp_path)
+    code = slipway("data", "build", table.parent.parent / "table.yaml", "-o", target, "--overwrite")
+    assert code == 2
+    assert tree_digest(tmp_path) == before
+    assert leftovers(tmp_path, "precious") == []
+
+
+def fail_on_validation_shard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make shard writing fail part-way: other splits' shards are written first or after."""
+    write_shard = shards.write_shard
+
+    def failing(directory: Any, name: str, examples: Any, compression: str) -> Any:
+        if name.startswith("validation-"):
+            raise OSError(28, "No space left on device")
+        return write_shard(directory, name, examples, compression)
+
+    monkeypatch.setattr(shards, "write_shard", failing)
+
+
+def test_a_build_failing_part_way_leaves_nothing_behind(
+    table: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fail_on_validation_shard(monkeypatch)
+    spec = load_spec(table.parent.parent / "table.yaml")
+    with pytest.raises(Exception, match="No space left on device"):
+        build_dataset(spec, tmp_path / "fresh")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_overwrite_keeps_the_existing_dataset(
+    table_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = tree_digest(table_copy)
+    fail_on_validation_shard(monkeypatch)
+    spec = write_tabular_dataset_inputs(tmp_path / "raw", "table", tabular_rows(150, seed=9))
+    with pytest.raises(Exception, match="No space left on device"):
+        slipway("data", "build", spec, "-o", table_copy, "--overwrite")
+    assert tree_digest(table_copy) == before
+    assert leftovers(table_copy.parent, "table") == []
+    assert slipway("data", "validate", table_copy) == 0
+
+
+def test_a_source_gone_before_the_build_changes_nothing(table_copy: Path, tmp_path: Path) -> None:
+    before = tree_digest(table_copy)
+    spec_path = write_tabular_dataset_inputs(tmp_path / "raw", "table", tabular_rows(50, seed=3))
+    spec = load_spec(spec_path)
+    (tmp_path / "raw" / "table.csv").unlink()
+    with pytest.raises(ConfigError, match=r"sources\.0\.path"):
+        build_dataset(spec, table_copy, overwrite=True)
+    assert tree_digest(table_copy) == before
+    assert leftovers(table_copy.parent, "table") == []
+
+
+# --------------------------------------------------------------------------- validate
+
+
+def test_an_intact_dataset_validates(table: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, report = validate_json(capsys, table)
+    assert code == 0
+    assert report["ok"] and report["problems"] == [] and report["drifts"] == []
+
+
+def test_a_tampered_shard_fails_validation_naming_the_shard(
+    table_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shard = table_copy / "train-00001-of-00002.tfrecord"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    code, report = validate_json(capsys, table_copy)
+    assert code == 1
+    assert not report["ok"]
+    errors = [p for p in report["problems"] if p["severity"] == "error"]
+    assert {p["check"] for p in errors} >= {"shard.checksum", "shard.unreadable"}
+    assert all("train-00001-of-00002.tfrecord" in p["message"] for p in errors)
+    assert slipway("data", "validate", table_copy) == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def drifted(table: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same table, with ``x`` moved by five standard deviations and mostly red."""
+    raw = tmp_path_factory.mktemp("drifted")
+    rows = tabular_rows(TABLE_ROWS, seed=2, shift=10.0, colour_weights=(8.0, 1.0, 1.0))
+    spec = write_tabular_dataset_inputs(raw, "table", rows)
+    assert slipway("data", "build", spec, "-o", raw / "table") == 0
+    return raw / "table"
+
+
+def test_drift_against_a_reference_is_flagged(
+    table: Path, drifted: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, report = validate_json(capsys, drifted, "--reference", table)
+    assert code == 1
+    assert report["problems"] == []
+    checks = {(drift["feature"], drift["check"]) for drift in report["drifts"]}
+    assert ("x", "numeric.mean_shift") in checks
+    assert ("colour", "categorical.linf") in checks
+    shift = next(d for d in report["drifts"] if d["check"] == "numeric.mean_shift")
+    assert 4.0 < shift["value"] < 6.0
+
+
+def test_a_dataset_against_itself_shows_no_drift(
+    table: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, report = validate_json(capsys, table, "--reference", table)
+    assert code == 0
+    assert report["drifts"] == []
+
+
+def test_another_sample_of_the_same_distribution_shows_no_drift(
+    table: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = write_tabular_dataset_inputs(tmp_path, "table", tabular_rows(TABLE_ROWS, seed=4))
+    assert slipway("data", "build", spec, "-o", tmp_path / "table") == 0
+    code, report = validate_json(capsys, tmp_path / "table", "--reference", table)
+    assert report["drifts"] == []
+    assert code == 0
+
+
+# --------------------------------------------------------------------------- errors, show, help
+
+
+def test_a_missing_spec_file_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert slipway("data", "build", "nowhere.yaml") == 2
+    captured = capsys.readouterr()
+    assert one_line(captured.err) == "error: nowhere.yaml: file not found"
+    assert list(tmp_path.iterdir()) == []
+
+
+SPEC_START = """\
+name: table
+sources:
+  - type: csv
+    path: table.csv
+"""
+SPEC_WITH_MISTAKES = {  # YAML added after SPEC_START -> what the error must say
+    "unknown key": (
+        "dedup:\n  exact:\n    feilds: [id]\n",
+        "bad.yaml:7: dedup.exact.feilds: unknown key",
+    ),
+    "bad value": (
+        "output:\n  compression: zip\n",
+        "bad.yaml:6: output.compression: expected one of 'none' or 'gzip', got 'zip'",
+    ),
+    "unknown source type": (
+        "  - type: parquet\n    path: table.csv\n",
+        "bad.yaml:5: sources.1: Input tag 'parquet'",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(SPEC_WITH_MISTAKES))
+def test_an_invalid_spec_names_file_line_and_key(
+    mistake: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mistake_yaml, expected = SPEC_WITH_MISTAKES[mistake]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "table.csv").write_text("id\n1\n", encoding="utf-8")
+    (tmp_path / "bad.yaml").write_text(SPEC_START + mistake_yaml, encoding="utf-8")
+    assert slipway("data", "build", "bad.yaml") == 2
+    error = one_line(capsys.readouterr().err)
+    assert expected in error
+    assert "Traceback" not in error
+    assert not (tmp_path / "datasets").exists()
+
+
+def test_a_spec_naming_an_unknown_field_is_refused_before_the_build(
+    table: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = table.parent.parent / "table.yaml"
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(
+        spec.read_text(encoding="utf-8").replace("- colour", "- color"), encoding="utf-8"
+    )
+    shutil.copy(spec.parent / "table.csv", tmp_path / "table.csv")
+    assert slipway("data", "build", wrong, "-o", tmp_path / "out") == 2
+    assert "labels: unknown field 'color'" in one_line(capsys.readouterr().err)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["table.csv", "wrong.yaml"]
+
+
+def test_show_summarises_features_and_splits(
+    table: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    assert slipway("data", "show", table) == 0
+    out = capsys.readouterr().out
+    manifest = load_manifest(table)
+    for name in ("id", "x", "colour (label)", "note", "numeric", "categorical", "text"):
+        assert name in out
+    assert "3 categories" in out
+    for name, split in manifest.splits.items():
+        assert name in out
+        assert f"{split.num_records:,}" in out
+
+
+def test_show_of_a_directory_that_is_not_a_dataset_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert slipway("data", "show", tmp_path) == 2
+    assert "not a dataset" in one_line(capsys.readouterr().err)
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def leaf_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) -> list[tuple]:
+    children = subcommands(parser)
+    if not children:
+        return [prefix]
+    return [
+        leaf for name, child in children.items() for leaf in leaf_commands(child, (*prefix, name))
+    ]
+
+
+def test_help_lists_only_commands_that_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        slipway("--help")
+    assert exit_info.value.code == 0
+    listed = capsys.readouterr().out
+    commands = subcommands(build_parser())
+    assert {"data"} <= set(commands)
+    listed_names = set(re.findall(r"^ {4}(\S+)", listed, flags=re.MULTILINE))
+    assert listed_names == set(commands)
+    missing = tmp_path / "missing.yaml"
+    for leaf in leaf_commands(build_parser()):
+        # Every command loads its modules and turns a missing input into a clean exit.
+        try:
+            code = slipway(*leaf, missing)
+        except SystemExit as exc:  # argparse: the command wants more than one path
+            code = exc.code
+        error = capsys.readouterr().err
+        assert code in (1, 2), leaf
+        assert "Traceback" not in error
