@@ -21,6 +21,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from research.experiments.config import ExperimentConfig
+from research.experiments.model_io import model_io
 from research.models import build_model, compile_args
 from training import data as training_data
 from training.checkpoints import CheckpointKeeper
@@ -103,7 +104,7 @@ class Trainer:
         self.verbose = verbose
         training = config.training
         self.manifest = training_data.open_manifest(config)
-        self.io = training_data.model_io(config, self.manifest)
+        self.io = model_io(config, self.manifest)
         if config.data.batch_size % (training.gradient_accumulation * self.role.count):
             raise TrainingSetupError(
                 f"data.batch_size: {config.data.batch_size} is not divisible by "

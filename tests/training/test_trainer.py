@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
+from research.configs import ConfigError
 from research.experiments import load_experiment
 from tests.training.experiments import build_digits_dataset, write_experiment
 from training.checkpoints import committed_steps
@@ -57,7 +58,7 @@ def test_accumulated_micro_batches_make_the_large_batch_update(tmp_path, dataset
 
 def test_setup_errors_come_before_any_step(tmp_path, dataset):
     bad_feature = write_experiment(tmp_path / "a", dataset, data__features=["pixel"])
-    with pytest.raises(TrainingSetupError, match="data.features: the dataset has no feature 'pixel'"):
+    with pytest.raises(ConfigError, match=r"data.features: not input features of the dataset: \['pixel'\]"):
         Trainer(load_experiment(bad_feature))
 
     indivisible = write_experiment(

@@ -1,0 +1,200 @@
+"""PII masking: every kind is found, look-alikes survive, and counts add up."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from research.data.pii import PLACEHOLDERS, luhn_valid, mask_pii
+from research.data.spec import PII_KINDS
+from research.data.synthetic import luhn_complete
+
+VALID_CARDS = [
+    "4111 1111 1111 1111",
+    "4111-1111-1111-1111",
+    "4111111111111111",
+    "5500 0000 0000 0004",
+    "3782 822463 10005",  # American Express, 4-6-5
+    "6011000990139424",
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("write to jane.doe+news@example.co.uk today", "write to [EMAIL] today"),
+        ("JOHN_SMITH@Mail.Example.ORG.", "[EMAIL]."),
+        ("odd but valid: a!b#c@example.xn--p1ai", "odd but valid: [EMAIL]"),
+    ],
+)
+def test_emails_are_masked(text: str, expected: str) -> None:
+    assert mask_pii(text) == (expected, {"email": 1, "card": 0, "ipv4": 0, "phone": 0})
+
+
+@pytest.mark.parametrize(
+    "phone",
+    [
+        "+44 20 7946 0958",
+        "+1-415-555-0134",
+        "+1 (415) 555-0134",
+        "+442079460958",
+        "(415) 555-0134",
+        "415.555.0134",
+        "415-555-0134",
+        "415 555 0134",
+        "1-800-555-0199",
+    ],
+)
+def test_phone_numbers_are_masked(phone: str) -> None:
+    masked, counts = mask_pii(f"Call {phone} after six.")
+    assert masked == "Call [PHONE] after six."
+    assert counts["phone"] == 1
+
+
+@pytest.mark.parametrize("card", VALID_CARDS)
+def test_luhn_valid_cards_are_masked_as_cards_not_phones(card: str) -> None:
+    masked, counts = mask_pii(f"card {card} declined")
+    assert masked == "card [CARD] declined"
+    assert counts == {"email": 0, "card": 1, "ipv4": 0, "phone": 0}
+
+
+@pytest.mark.parametrize("address", ["192.168.0.1", "10.0.0.255", "0.0.0.0", "8.8.4.4"])
+def test_ipv4_addresses_are_masked(address: str) -> None:
+    assert mask_pii(f"from {address}, again")[0] == "from [IPV4], again"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "card 4111 1111 1111 1112 was refused",  # fails the Luhn check
+        "order 4111111111111112 shipped",
+        "founded in 1998, moved in 2024",
+        "released on 2024-05-01 at 10:45",
+        "on 12/05/2023 and 05.12.2023",
+        "upgrade to version 2.4.1 or 10.15.7",
+        "see v1.2.3.4 and build 1.2.3.4.5",
+        "octets 256.1.1.1 and 1.2.3.999 are not addresses",
+        "ticket 48213, room 404, order 7731-22",
+        "an id of 20 digits 12345678901234567890 is no card",
+        "temperature 98.6 and pi 3.14159",
+        "x +1 2 3 is arithmetic",
+        "mixed 415-555 0134 separators",
+        "no@tld and user@host without a dot",
+    ],
+)
+def test_lookalikes_are_kept(text: str) -> None:
+    masked, counts = mask_pii(text)
+    assert masked == text
+    assert sum(counts.values()) == 0
+
+
+def test_counts_every_item_of_every_kind() -> None:
+    text = (
+        "a@example.com, b@example.org; call 415-555-0134 or +44 20 7946 0958; "
+        "hosts 10.0.0.1 and 10.0.0.2 and 10.0.0.3; card 4111 1111 1111 1111."
+    )
+    masked, counts = mask_pii(text)
+    assert counts == {"email": 2, "card": 1, "ipv4": 3, "phone": 2}
+    assert masked == (
+        "[EMAIL], [EMAIL]; call [PHONE] or [PHONE]; "
+        "hosts [IPV4] and [IPV4] and [IPV4]; card [CARD]."
+    )
+
+
+def test_only_the_requested_kinds_are_masked() -> None:
+    text = "mail a@example.com or call 415-555-0134 from 10.1.2.3"
+    masked, counts = mask_pii(text, ["phone"])
+    assert masked == "mail a@example.com or call [PHONE] from 10.1.2.3"
+    assert counts == {"phone": 1}
+
+
+def test_emails_go_first_so_digits_inside_them_stay_an_email() -> None:
+    masked, counts = mask_pii("reply to 4111111111111111@example.com")
+    assert masked == "reply to [EMAIL]"
+    assert counts["card"] == 0
+
+
+def test_unknown_kind_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown PII kind"):
+        mask_pii("text", ["email", "ssn"])
+
+
+def test_luhn_check() -> None:
+    assert luhn_valid("4111111111111111")
+    assert luhn_valid("378282246310005")
+    assert not luhn_valid("4111111111111112")
+    assert luhn_complete("411111111111111") == "4111111111111111"
+
+
+def test_pathological_input_is_linear_not_quadratic() -> None:
+    # A regex that backtracks quadratically would take minutes on these.
+    for text in ("a" * 200_000 + "@", "1" * 200_000, "1." * 100_000, "+1" * 100_000):
+        assert mask_pii(text)[0] == text
+
+
+# --------------------------------------------------------------------------- properties
+
+_LUHN_16 = re.compile(r"(?<!\d)\d{16}(?!\d)")
+_EMAIL_LIKE = re.compile(
+    r"[A-Za-z0-9._%+-]@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}(?![A-Za-z0-9])"
+)
+
+
+@st.composite
+def _card_numbers(draw: st.DrawFn) -> str:
+    body = draw(st.text(alphabet="0123456789", min_size=15, max_size=15))
+    number = luhn_complete(body)
+    separator = draw(st.sampled_from(["", " ", "-"]))
+    return separator.join(number[i : i + 4] for i in range(0, 16, 4))
+
+
+_fragments = st.one_of(
+    _card_numbers(),
+    st.emails(),
+    st.text(alphabet="0123456789", min_size=1, max_size=20),
+    st.text(alphabet="abcXYZ019.-@+ ()", min_size=1, max_size=12),
+    st.sampled_from(["call", "card", "the", "2024-05-01", "v1.2.3", "10.0.0.1", "+44"]),
+)
+_texts = st.lists(
+    st.tuples(_fragments, st.sampled_from(["", " ", "-", ".", "@", ", "])), max_size=12
+).map(lambda parts: "".join(fragment + glue for fragment, glue in parts))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_texts)
+def test_masked_text_has_no_luhn_valid_16_digit_run(text: str) -> None:
+    masked, _ = mask_pii(text)
+    assert not [run for run in _LUHN_16.findall(masked) if luhn_valid(run)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(_texts)
+def test_masked_text_has_no_email_left(text: str) -> None:
+    masked, _ = mask_pii(text)
+    assert _EMAIL_LIKE.search(masked) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.emails())
+def test_any_valid_email_is_masked_whole(email: str) -> None:
+    assert mask_pii(f"write to {email} now", ["email"]) == ("write to [EMAIL] now", {"email": 1})
+
+
+@settings(max_examples=200, deadline=None)
+@given(_texts)
+def test_counts_match_the_placeholders_written(text: str) -> None:
+    masked, counts = mask_pii(text)
+    for kind in PII_KINDS:
+        placeholder = PLACEHOLDERS[kind]
+        assert masked.count(placeholder) - text.count(placeholder) == counts[kind]
+
+
+def test_lone_surrogates_from_json_do_not_break_masking() -> None:
+    text = "\udc80 mail a@example.com \ud800"
+    assert mask_pii(text) == (
+        "\udc80 mail [EMAIL] \ud800",
+        {"email": 1, "card": 0, "ipv4": 0, "phone": 0},
+    )
