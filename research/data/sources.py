@@ -312,8 +312,28 @@ def _read_jsonl(unit: SourceFile) -> Iterator[dict[str, Any]]:
                 reason = f"expected a JSON object, got {type(value).__name__}"
                 yield _quarantined(origin, reason, line)
                 continue
+            if _has_lone_surrogate(value):
+                reason = "invalid JSON string: an unpaired \\u surrogate escape is not text"
+                yield _quarantined(origin, reason, line)
+                continue
             fields = {source.rename.get(key, key): item for key, item in value.items()}
             yield _record(unit, number, origin, fields)
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """JSON may escape half a surrogate pair (``"\\udc80"``); such a string cannot be
+    encoded as UTF-8 anywhere downstream, so the line is refused here."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(item) for item in value)
+    return False
 
 
 def _read_text(unit: SourceFile) -> Iterator[dict[str, Any]]:

@@ -387,3 +387,20 @@ def test_read_sources_in_beam_splits_records_from_quarantine_and_counts(tmp_path
         for c in run.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
     }
     assert counters == {"read.records.csv": 1, "read.records.jsonl": 1, "read.quarantined": 2}
+
+
+def test_jsonl_lone_surrogates_are_quarantined_not_crashed(tmp_path):
+    from research.data.sources import _read_jsonl, check_sources
+    from research.data.spec import load_spec
+
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"text": "ok"}\n{"text": "bad \\udc80 half"}\n{"t\\ud800": 1}\n')
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text("name: s\nsources:\n  - {type: jsonl, path: data.jsonl}\n")
+
+    (unit,) = check_sources(load_spec(spec_path))
+    items = list(_read_jsonl(unit))
+    assert items[0]["text"] == "ok"
+    assert [item["reason"] for item in items[1:]] == [
+        "invalid JSON string: an unpaired \\u surrogate escape is not text"
+    ] * 2
