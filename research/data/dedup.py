@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -38,7 +37,7 @@ import apache_beam as beam
 import numpy as np
 
 from research.data import records
-from research.data.records import RANK, Record
+from research.data.records import RANK, Record, pack_records, unpack_records
 from research.data.spec import NearDedupSpec
 
 MERSENNE_PRIME = (1 << 61) - 1
@@ -64,7 +63,6 @@ FALSE_NEGATIVE_WEIGHT = 0.8
 _BLOCK_ELEMENTS = 1 << 16
 
 _WORD = re.compile(r"\w+")
-_RECORDS = beam.coders.FastPrimitivesCoder()
 
 Shingle = Literal["word", "char"]
 
@@ -426,7 +424,7 @@ class _Deduplicate(beam.PTransform):
             | "CollectMemberships" >> beam.combiners.ToList().without_defaults()
             | "MembershipTable" >> beam.Map(_membership_table)
         )
-        packed = batches | "Pack" >> beam.Map(_pack)
+        packed = batches | "Pack" >> beam.Map(pack_records)
         drops = (
             packed
             | "Evidence"
@@ -439,20 +437,6 @@ class _Deduplicate(beam.PTransform):
         return packed | "Remove" >> beam.ParDo(
             _RemoveRanks(method.counter), beam.pvalue.AsList(drops)
         )
-
-
-def _pack(batch: list[Record]) -> bytes:
-    """A batch of records as one compressed element, to wait for the verdict compactly.
-
-    The records must wait until the drop set is known; Beam's in-process runner holds
-    waiting elements in memory several times over, and compressed batches of records
-    are about a quarter of their encoded size.
-    """
-    return zlib.compress(_RECORDS.encode(batch), 1)
-
-
-def _unpack(packed: bytes) -> list[Record]:
-    return _RECORDS.decode(zlib.decompress(packed))
 
 
 def _key_partitions(batch: list[Record], method: _Method) -> Iterator[tuple[int, bytes]]:
@@ -516,7 +500,7 @@ class _EvidenceToBuckets(beam.DoFn):
             self._table = np.frombuffer(memberships, dtype=_U64).reshape(-1, 2)
         if not len(self._table):
             return
-        batch = _unpack(packed)
+        batch = unpack_records(packed)
         ids = np.array([record_id(record[RANK]) for record in batch], dtype=_U64)
         first = np.searchsorted(self._table[:, 0], ids, side="left")
         last = np.searchsorted(self._table[:, 0], ids, side="right")
@@ -548,7 +532,7 @@ class _RemoveRanks(beam.DoFn):
         if drops is not self._source:  # the runner hands the same list within a bundle
             self._source, self._drops = drops, frozenset(drops)
         removed = 0
-        for record in _unpack(packed):
+        for record in unpack_records(packed):
             if record[RANK] in self._drops:
                 removed += 1
             else:

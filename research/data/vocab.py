@@ -48,7 +48,7 @@ import apache_beam as beam
 
 from research.data.features import token_ids_key
 from research.data.pii import PLACEHOLDERS as PII_PLACEHOLDERS
-from research.data.records import Record, count
+from research.data.records import PackRecords, Record, count, unpack_records
 from research.data.spec import PII_KINDS
 
 FORMAT = "slipway.subword-vocabulary"
@@ -605,14 +605,23 @@ class TokenizeRecords(beam.PTransform):
         self._vocabularies = vocabularies
 
     def expand(self, records: beam.PCollection) -> beam.PCollection:
-        return records | "Tokenize" >> beam.ParDo(_TokenizeFn(self._fields), self._vocabularies)
+        # Records wait here until the vocabulary is learned: wait as compressed batches.
+        return (
+            records
+            | "Pack" >> PackRecords()
+            | "Tokenize" >> beam.ParDo(_TokenizeFn(self._fields), self._vocabularies)
+        )
 
 
 class _TokenizeFn(beam.DoFn):
     def __init__(self, fields: Sequence[str]) -> None:
         self._fields = list(fields)
 
-    def process(self, record: Record, vocabularies: Mapping[str, Vocabulary]) -> Iterable[Record]:
+    def process(self, packed: bytes, vocabularies: Mapping[str, Vocabulary]) -> Iterable[Record]:
+        for record in unpack_records(packed):
+            yield self._tokenize(record, vocabularies)
+
+    def _tokenize(self, record: Record, vocabularies: Mapping[str, Vocabulary]) -> Record:
         out = dict(record)
         for field in self._fields:
             vocabulary = vocabularies.get(field)
@@ -629,4 +638,4 @@ class _TokenizeFn(beam.DoFn):
             unknown = ids.count(UNK_ID)
             if unknown:
                 count(f"tokenize.unknown.{field}", unknown)
-        yield out
+        return out
