@@ -197,11 +197,11 @@ def _as_bytes(array: np.ndarray) -> list[bytes]:
 # -- JSON (TensorFlow Serving's REST API) ---------------------------------------------
 
 
-def _is_b64(value: Any) -> bool:
+def is_b64(value: Any) -> bool:
     return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("b64"), str)
 
 
-def _decode_b64(value: dict[str, str], label: str) -> bytes:
+def decode_b64(value: dict[str, str], label: str) -> bytes:
     try:
         return base64.b64decode(value["b64"], validate=True)
     except (binascii.Error, ValueError):
@@ -274,7 +274,7 @@ def instances_to_inputs(instances: Any, signature: Signature) -> dict[str, np.nd
 
 
 def _is_named(item: Any) -> bool:
-    return isinstance(item, dict) and not _is_b64(item)
+    return isinstance(item, dict) and not is_b64(item)
 
 
 def columnar_to_inputs(inputs: Any, signature: Signature) -> dict[str, np.ndarray]:
@@ -396,8 +396,8 @@ def _json_strings(value: Any, label: str, rows: bool) -> np.ndarray:
     for index, item in enumerate(flat):
         if isinstance(item, str):
             converted[index] = item.encode("utf-8")
-        elif _is_b64(item):
-            converted[index] = _decode_b64(item, label)
+        elif is_b64(item):
+            converted[index] = decode_b64(item, label)
         elif isinstance(item, list):
             raise InvalidArgument(_ragged_message(label, rows))
         else:

@@ -19,7 +19,12 @@ from rich.console import Console
 from rich.markup import escape
 
 # Modules whose ``register`` adds sub-commands, in the order ``--help`` lists them.
-COMMAND_MODULES = ("research.data.cli", "research.tuning.cli", "training.cli")
+COMMAND_MODULES = (
+    "research.data.cli",
+    "research.tuning.cli",
+    "training.cli",
+    "serving.cli",
+)
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -1,0 +1,245 @@
+"""The gateway's settings file (``gateway.yaml``): models, batching, backends, TLS, admin.
+
+Operators edit this file by hand, so every mistake is reported as
+``gateway.yaml:12: models.digits.batching.max_batch_size: expected int, got 'x'`` rather
+than as a traceback. Relative paths in the file (certificates, token file, routing file)
+are resolved against the file's own directory, so a config can move with its secrets.
+Routing (labels, canary weight, shadow, failover) lives in a separate file because it
+changes at run time and is shared by every replica; this file names it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from serving.batching import BatchingConfig
+from serving.repository import VersionPolicy
+
+MIB = 1024 * 1024
+DEFAULT_MAX_MESSAGE_BYTES = 64 * MIB
+
+
+class ConfigError(ValueError):
+    """The gateway config is unreadable or invalid; the message names file, line and key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerTLS(_Section):
+    """Server certificate for gRPC and REST; ``client_ca`` turns on mutual TLS."""
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+
+class ClientTLS(_Section):
+    """How the gateway authenticates to a remote model server (TLS, optionally mTLS)."""
+
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+    @model_validator(mode="after")
+    def _pair(self) -> ClientTLS:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("cert and key must be given together")
+        return self
+
+
+class AdminConfig(_Section):
+    """Where the admin bearer token comes from; with neither set the admin API is off."""
+
+    token_env: str | None = None
+    token_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AdminConfig:
+        if self.token_env is not None and self.token_file is not None:
+            raise ValueError("give token_env or token_file, not both")
+        return self
+
+
+class LocalBackend(_Section):
+    """Versions are SavedModel / TFLite directories under the model root."""
+
+    kind: Literal["local"] = "local"
+    tflite_threads: int = Field(default=2, ge=1)
+
+
+class RemoteBackend(_Section):
+    """Requests are forwarded to another model server (TF Serving or a gateway)."""
+
+    kind: Literal["remote"]
+    target: str = Field(min_length=1)
+    model_name: str | None = None
+    version: int | None = Field(default=None, ge=0)
+    label: str | None = None
+    pool_size: int = Field(default=4, ge=1)
+    tls: ClientTLS | None = None
+
+    @model_validator(mode="after")
+    def _version_or_label(self) -> RemoteBackend:
+        if self.version is not None and self.label is not None:
+            raise ValueError("give version or label, not both")
+        return self
+
+
+Backend = Annotated[LocalBackend | RemoteBackend, Field(discriminator="kind")]
+
+
+class ModelConfig(_Section):
+    """Per-model overrides; anything left out takes the gateway-wide default."""
+
+    version_policy: VersionPolicy | None = None
+    batching: BatchingConfig | None = None
+    backend: Backend = LocalBackend()
+
+
+class GatewayConfig(_Section):
+    """Everything ``slipway serve --config`` reads. An empty file is a valid config."""
+
+    routing_file: Path | None = None
+    strict: bool = False
+    poll_interval_s: float = Field(default=2.0, gt=0)
+    version_policy: VersionPolicy = VersionPolicy()
+    batching: BatchingConfig = BatchingConfig()
+    models: dict[str, ModelConfig] = {}
+    tls: ServerTLS | None = None
+    admin: AdminConfig = AdminConfig()
+    max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, gt=0)
+    grace_period_s: float = Field(default=20.0, ge=0)
+
+    def model(self, name: str) -> ModelConfig:
+        return self.models.get(name, ModelConfig())
+
+    def batching_for(self, name: str) -> BatchingConfig:
+        return self.model(name).batching or self.batching
+
+    def policy_for(self, name: str) -> VersionPolicy:
+        return self.model(name).version_policy or self.version_policy
+
+    def admin_token(self) -> str | None:
+        """The admin bearer token, read when the server starts; None turns the API off."""
+        if self.admin.token_env is not None:
+            token = os.environ.get(self.admin.token_env, "").strip()
+            if not token:
+                raise ConfigError(
+                    f"admin.token_env: environment variable {self.admin.token_env} is not set"
+                )
+            return token
+        if self.admin.token_file is not None:
+            try:
+                token = self.admin.token_file.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ConfigError(f"admin.token_file: cannot read: {exc}") from None
+            if not token:
+                raise ConfigError(f"admin.token_file: {self.admin.token_file} is empty")
+            return token
+        return None
+
+
+def load_config(path: str | Path | None) -> GatewayConfig:
+    """Read ``gateway.yaml``; None gives the defaults. Every failure is a ConfigError."""
+    if path is None:
+        return GatewayConfig()
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(
+            f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}"
+        ) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}:1: expected a mapping at the top level")
+    lines: dict[tuple[Any, ...], int] = {}
+    if node is not None:
+        _record_lines(node, (), lines)
+    try:
+        config = GatewayConfig.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise ConfigError(
+            "\n".join(_explain(error, path, lines) for error in exc.errors())
+        ) from None
+    return _resolve_paths(config, path.parent)
+
+
+def _record_lines(node: yaml.Node, key: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> None:
+    lines[key] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            _record_lines(value_node, (*key, key_node.value), lines)
+            lines[(*key, key_node.value)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _record_lines(item, (*key, index), lines)
+
+
+def _explain(error: Any, path: Path, lines: dict[tuple[Any, ...], int]) -> str:
+    # pydantic adds union/discriminator tags to locations; only keys that are in the
+    # file help the reader, so keep the parts that are strings or list indices.
+    loc = tuple(
+        part for part in error["loc"] if isinstance(part, int) or part not in ("local", "remote")
+    )
+    line = next((lines[loc[:end]] for end in range(len(loc), -1, -1) if loc[:end] in lines), None)
+    where = f"{path}:{line}" if line else str(path)
+    dotted = ".".join(str(part) for part in loc) or "<root>"
+    kind = error["type"]
+    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
+        message = "unknown key"
+    elif kind == "missing":
+        message = "required key is missing"
+    else:
+        message = f"{error['msg'].removeprefix('Value error, ')} (got {error.get('input')!r})"
+    return f"{where}: {dotted}: {message}"
+
+
+def _resolve_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
+    """Make every path in the file relative to the file, not to the working directory."""
+
+    def resolve(value: Path | None) -> Path | None:
+        return None if value is None else (base / value.expanduser())
+
+    updates: dict[str, Any] = {"routing_file": resolve(config.routing_file)}
+    if config.tls is not None:
+        updates["tls"] = config.tls.model_copy(
+            update={
+                "cert": resolve(config.tls.cert),
+                "key": resolve(config.tls.key),
+                "client_ca": resolve(config.tls.client_ca),
+            }
+        )
+    if config.admin.token_file is not None:
+        updates["admin"] = config.admin.model_copy(
+            update={"token_file": resolve(config.admin.token_file)}
+        )
+    models = {}
+    for name, model in config.models.items():
+        backend = model.backend
+        if isinstance(backend, RemoteBackend) and backend.tls is not None:
+            tls = backend.tls.model_copy(
+                update={key: resolve(getattr(backend.tls, key)) for key in ("ca", "cert", "key")}
+            )
+            model = model.model_copy(update={"backend": backend.model_copy(update={"tls": tls})})
+        models[name] = model
+    updates["models"] = models
+    return config.model_copy(update=updates)

@@ -1,0 +1,206 @@
+"""Run the gateway: gRPC and REST listeners on one event loop, TLS, and a graceful stop.
+
+Shutdown follows what a load balancer needs: on SIGTERM readiness turns false and the
+health service reports NOT_SERVING, new requests are refused with UNAVAILABLE / 503 (the
+listeners stay open so clients get an answer, not a reset), queued and in-flight requests
+finish within the grace period, then the listeners close and the models unload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+from pathlib import Path
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from tensorflow_serving.apis import (
+    model_service_pb2,
+    model_service_pb2_grpc,
+    prediction_service_pb2,
+    prediction_service_pb2_grpc,
+)
+
+from serving.admin import AdminApi, AdminAuth
+from serving.config import GatewayConfig, ServerTLS
+from serving.core import Gateway
+from serving.grpc_api import ModelService, PredictionService
+from serving.health import Health
+from serving.rest_api import build_app
+
+logger = logging.getLogger(__name__)
+
+# Seconds the listeners get to finish answering after the drain (responses being written).
+CLOSE_GRACE_S = 1.0
+
+
+class StartupError(RuntimeError):
+    """The gateway cannot start (missing model root, port in use, unreadable certificate)."""
+
+
+def grpc_credentials(tls: ServerTLS) -> grpc.ServerCredentials:
+    """Server TLS for gRPC; with ``client_ca`` clients must present a certificate it signed."""
+    client_ca = _read(tls.client_ca) if tls.client_ca else None
+    return grpc.ssl_server_credentials(
+        [(_read(tls.key), _read(tls.cert))],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
+def ssl_context(tls: ServerTLS) -> ssl.SSLContext:
+    """Server TLS for REST, with the same mutual-TLS rule as gRPC."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(tls.cert, tls.key)
+        if tls.client_ca is not None:
+            context.load_verify_locations(cafile=tls.client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise StartupError(f"tls: cannot load certificates: {exc}") from None
+    return context
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise StartupError(f"tls: cannot read {path}: {exc}") from None
+
+
+class GatewayServer:
+    """The gateway with its gRPC and REST listeners (``start``, then ``shutdown``)."""
+
+    def __init__(
+        self,
+        model_root: str | Path,
+        config: GatewayConfig | None = None,
+        *,
+        host: str = "0.0.0.0",
+        grpc_port: int = 8500,
+        rest_port: int = 8501,
+    ) -> None:
+        self.config = config or GatewayConfig()
+        self.model_root = Path(model_root)
+        self.host = host
+        self.grpc_port = grpc_port
+        self.rest_port = rest_port
+        self.gateway: Gateway | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._rest: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        """Bind both listeners, then start loading models (``/readyz`` says when done)."""
+        if not self.model_root.is_dir():
+            raise StartupError(f"--model-root {self.model_root}: not a directory")
+        auth = AdminAuth(self.config.admin_token())
+        self.gateway = Gateway(self.model_root, self.config, health=Health())
+        try:
+            await self._start_grpc(self.gateway, auth)
+            await self._start_rest(self.gateway, auth)
+            await self.gateway.start()
+        except BaseException:
+            await self.close()
+            raise
+        scheme = "https" if self.config.tls else "http"
+        logger.info(
+            "serving %s: gRPC on %s:%d, REST on %s://%s:%d",
+            self.model_root, self.host, self.grpc_port, scheme, self.host, self.rest_port,
+        )  # fmt: skip
+
+    async def _start_grpc(self, gateway: Gateway, auth: AdminAuth) -> None:
+        size = self.config.max_message_bytes
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", size),
+                ("grpc.max_send_message_length", size),
+                # Two gateways must not share a port silently.
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
+            PredictionService(gateway), server
+        )
+        model_service_pb2_grpc.add_ModelServiceServicer_to_server(
+            ModelService(gateway, auth.check), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(gateway.health.servicer, server)
+        reflection.enable_server_reflection(
+            [
+                prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"].full_name,
+                model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
+                health.SERVICE_NAME,
+                reflection.SERVICE_NAME,
+            ],
+            server,
+        )
+        address = f"{self.host}:{self.grpc_port}"
+        try:
+            if self.config.tls is not None:
+                port = server.add_secure_port(address, grpc_credentials(self.config.tls))
+            else:
+                port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise StartupError(f"gRPC: cannot listen on {address}: {exc}") from None
+        if port == 0:
+            raise StartupError(f"gRPC: cannot listen on {address}")
+        self.grpc_port = port
+        self._grpc = server
+        await server.start()
+
+    async def _start_rest(self, gateway: Gateway, auth: AdminAuth) -> None:
+        app = build_app(gateway, max_body_bytes=self.config.max_message_bytes)
+        AdminApi(gateway, auth).add_routes(app)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        self._rest = runner
+        tls = ssl_context(self.config.tls) if self.config.tls is not None else None
+        site = web.TCPSite(runner, self.host, self.rest_port, ssl_context=tls, reuse_port=False)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise StartupError(
+                f"REST: cannot listen on {self.host}:{self.rest_port}: {exc}"
+            ) from None
+        self.rest_port = runner.addresses[0][1]
+
+    async def shutdown(self) -> bool:
+        """Drain within the grace period, then close; False if requests had to be cut."""
+        assert self.gateway is not None
+        drained = await self.gateway.drain(self.config.grace_period_s)
+        if not drained:
+            logger.warning(
+                "grace period of %.1f s over with requests still in flight; stopping anyway",
+                self.config.grace_period_s,
+            )
+        await self.close()
+        return drained
+
+    async def close(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(CLOSE_GRACE_S)
+            self._grpc = None
+        if self._rest is not None:
+            await self._rest.cleanup()
+            self._rest = None
+        if self.gateway is not None:
+            await self.gateway.stop()
+
+
+async def serve(server: GatewayServer) -> int:
+    """Run until SIGTERM or SIGINT, then shut down gracefully; the process exit code."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await server.start()
+    await stop.wait()
+    logger.info("shutting down: draining requests for up to %.1f s", server.config.grace_period_s)
+    await server.shutdown()
+    logger.info("stopped")
+    return 0
