@@ -256,6 +256,7 @@ class _Batch:
     tasks: list[_Task] = field(default_factory=list)
     rows: int = 0
     timer: asyncio.TimerHandle | None = None
+    due: bool = False  # timed out while every thread was busy: runs on the next free thread
 
 
 class Batcher:
@@ -420,13 +421,21 @@ class Batcher:
         if batch is None:
             config = self._config
             batch = _Batch(key, config.max_batch_size, tuple(config.allowed_batch_sizes or ()))
-            batch.timer = loop.call_later(config.batch_timeout_micros / 1e6, self._cut, batch)
+            batch.timer = loop.call_later(config.batch_timeout_micros / 1e6, self._timed_out, batch)
             self._open[key] = batch
         batch.tasks.append(task)
         batch.rows += task.rows
         task.batch = batch
         if batch.rows >= batch.limit:
             self._cut(batch)
+
+    def _timed_out(self, batch: _Batch) -> None:
+        """A batch's window closed. If no thread could run it now, it stays open and keeps
+        taking requests until one is free: under load, batches grow instead of queueing."""
+        if self._running < self._config.num_batch_threads or self._ready:
+            self._cut(batch)
+        else:
+            batch.due = True
 
     def _cut(self, batch: _Batch) -> None:
         """Close an open batch (full, timed out, or config changed) and queue it to run."""
@@ -487,7 +496,13 @@ class Batcher:
     # -- execution -------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        """Start ready batches while threads are free."""
+        """Start ready batches while threads are free (due open batches count as ready)."""
+        if not self._ready and self._running < self._config.num_batch_threads:
+            for batch in [b for b in self._open.values() if b.due]:
+                del self._open[batch.key]
+                self._expire(batch)
+                if batch.tasks:
+                    self._ready.append(batch)
         while self._ready and self._running < self._config.num_batch_threads:
             batch = self._ready.popleft()
             self._expire(batch)

@@ -454,6 +454,27 @@ def test_num_batch_threads_batches_execute_concurrently() -> None:
     assert model.max_active == 2
 
 
+def test_a_batch_whose_window_closes_while_every_thread_is_busy_keeps_growing() -> None:
+    model = Model(hold=True)
+
+    async def body() -> None:
+        batcher = Batcher(model, config(max_batch_size=8, batch_timeout_micros=1000))
+        first = asyncio.create_task(batcher.submit(rows(1)))
+        await model.entered()  # the only thread is now busy
+        second = asyncio.create_task(batcher.submit(rows(2)))
+        # Let the second request's window pass many times over: it must not be cut alone.
+        await asyncio.sleep(0.02)
+        third = asyncio.create_task(batcher.submit(rows(3)))
+        await asyncio.sleep(0)
+        model.release()
+        for task, value in ((first, 1), (second, 2), (third, 3)):
+            assert_outputs(await task, rows(value))
+        await batcher.close()
+
+    run(body())
+    assert [sorted(batch[:, 0].tolist()) for batch in model.batches] == [[1], [2, 3]]
+
+
 def test_disabled_batching_runs_each_request_alone_within_the_queue_bound() -> None:
     model, observer = Model(hold=True), Observer()
 
