@@ -44,12 +44,8 @@ BASE_EXPERIMENT: dict[str, Any] = {
 }
 
 
-def build_digits_dataset(directory: Path, *, poison: slice | None = None) -> Path:
-    """scikit-learn's digits as 64-value vectors (pixels scaled to [0, 1]).
-
-    ``poison`` sets the pixels of those records to float32's largest value: finite data
-    (the build keeps it) on which any layer overflows, to make non-finite losses.
-    """
+def build_digits_dataset(directory: Path) -> Path:
+    """scikit-learn's digits as 64-value vectors (pixels scaled to [0, 1])."""
     from sklearn.datasets import load_digits
 
     from research.data.pipeline import build_dataset
@@ -58,8 +54,6 @@ def build_digits_dataset(directory: Path, *, poison: slice | None = None) -> Pat
     directory.mkdir(parents=True, exist_ok=True)
     digits = load_digits()
     pixels = (digits.data / 16.0).astype(np.float32)
-    if poison is not None:
-        pixels[poison] = np.finfo(np.float32).max
     np.savez(directory / "digits.npz", pixels=pixels, target=digits.target)
     (directory / "spec.yaml").write_text(DIGITS_SPEC)
     build_dataset(load_spec(directory / "spec.yaml"), directory / "dataset")
