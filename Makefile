@@ -27,6 +27,10 @@ demo: install
 
 bench: install
 	$(BIN)/python -m benchmarks.data
+	$(BIN)/python -m benchmarks.training
+	$(BIN)/python -m benchmarks.compression
+	$(BIN)/python -m benchmarks.serving
+	$(BIN)/python -m benchmarks.rollout
 
 lint: install
 	$(BIN)/ruff check .

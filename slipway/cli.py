@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "research.data.cli",
     "research.tuning.cli",
     "training.cli",
+    "compression.cli",
     "serving.cli",
 )
 

@@ -1,0 +1,149 @@
+"""``slipway compress``: compress a published model, report the trade-offs, publish the winner.
+
+Exit codes: 0 done (and published when asked), 1 publishing was asked for but refused
+because no eligible result passed the accuracy gate, 2 bad input (a message naming it).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from compression.errors import CompressionError
+from research.data.manifest import DatasetError
+
+USER_ERRORS = (CompressionError, DatasetError)
+
+METHOD_NAMES = (
+    "float32", "dynamic_range", "float16", "int8", "int8_io",
+    "prune", "prune_2_4", "qat", "prune_qat", "cluster",
+)  # fmt: skip
+
+# What fits a terminal; the Markdown report has every column.
+CONSOLE_COLUMNS = (
+    "method", "artifact", "accuracy", "Δ accuracy (pts)", "agreement", "size", "gz size",
+    "size ratio", "p50 (ms)", "status",
+)  # fmt: skip
+_TEXT_COLUMNS = ("method", "artifact", "status")
+
+console = Console(log_path=False)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    compress = subparsers.add_parser(
+        "compress",
+        help="prune / quantize a model version, report accuracy, size and latency, publish",
+        description="Compress a model version with one or more methods, measure each result "
+        "against the float32 SavedModel on the dataset's test split (accuracy, agreement, "
+        "size, gzipped size, batch-1 latency, throughput), write a JSON/Markdown/PNG report "
+        "and optionally publish a passing result as a new version of a model repository.",
+    )
+    compress.add_argument("model", type=Path, help="model version directory (<repo>/<model>/<n>)")
+    compress.add_argument("--data", type=Path, required=True, help="dataset directory")
+    compress.add_argument(
+        "--method",
+        required=True,
+        help=f"comma-separated methods: {', '.join(METHOD_NAMES)}",
+    )
+    compress.add_argument(
+        "--out", type=Path, help="model repository to publish into (needed with --publish)"
+    )
+    compress.add_argument(
+        "--max-accuracy-drop",
+        type=float,
+        default=1.0,
+        metavar="POINTS",
+        help="largest accuracy loss (percentage points) a result may have and pass (default 1.0)",
+    )
+    compress.add_argument(
+        "--publish",
+        nargs="?",
+        const="auto",
+        metavar="METHOD",
+        help="publish a passing result (default: the smallest passing integer one)",
+    )
+    compress.add_argument(
+        "--report-dir",
+        type=Path,
+        help="where report.json/.md/.png go (default: compression-reports/<model>-v<version>)",
+    )
+    compress.add_argument("--epochs", type=int, help="fine-tuning epochs for retraining methods")
+    compress.add_argument(
+        "--sparsity", type=float, default=0.5, help="target sparsity of prune and prune_qat"
+    )
+    compress.add_argument("--clusters", type=int, default=16, help="weight clusters per layer")
+    compress.add_argument("--split", default="test", help="split to evaluate on (default: test)")
+    compress.add_argument("--name", help="model name in --out (default: the source model's)")
+    compress.add_argument(
+        "--latency-runs", type=int, default=200, help="timed batch-1 runs per artifact"
+    )
+    compress.set_defaults(handler=run_compress)
+
+
+def run_compress(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from compression.evaluate import EvalSettings
+    from compression.pipeline import CompressOptions, MethodOptions, compress
+    from compression.report import table_cells
+
+    if args.epochs is not None and args.epochs < 1:
+        raise CompressionError(f"--epochs must be >= 1, got {args.epochs}")
+    if args.latency_runs < 1:
+        raise CompressionError(f"--latency-runs must be >= 1, got {args.latency_runs}")
+    epochs = {} if args.epochs is None else {"epochs": args.epochs}
+    method_options = MethodOptions(
+        target_sparsity=args.sparsity, clusters=args.clusters, verbose=1, **epochs
+    )
+    options = CompressOptions(
+        methods=args.method,
+        max_accuracy_drop=args.max_accuracy_drop,
+        split=args.split,
+        settings=EvalSettings(latency_runs=args.latency_runs),
+        method_options=method_options,
+        publish=args.publish,
+        repository=args.out,
+        model_name=args.name,
+    )
+    report_dir = args.report_dir or _default_report_dir(args.model)
+    with console.status("starting…") as status:
+        run = compress(
+            args.model,
+            args.data,
+            options,
+            report_dir,
+            progress=lambda message: _progress(status, message),
+        )
+    table = Table(title=f"{run.source.name} version {run.source.version}: compression results")
+    for column in CONSOLE_COLUMNS:
+        table.add_column(column, justify="left" if column in _TEXT_COLUMNS else "right")
+    for row in run.report.rows:
+        cells = table_cells(run.report, row)
+        style = {"failed": "red", "baseline": "bold"}.get(row.status)
+        table.add_row(*(cells[column] for column in CONSOLE_COLUMNS[:-1]), row.status, style=style)
+    console.print(table)
+    for row in run.report.rows:
+        if row.note:
+            console.print(f"[red]{row.method}:[/] {row.note}")
+    console.print(
+        f"report: [bold]{run.files.markdown}[/], {run.files.json.name}, {run.files.plot.name}"
+    )
+    if run.published is not None:
+        version, path = run.published
+        console.print(f"published version {version}: [bold]{path}[/]")
+    if run.refusal is not None:
+        console.print(f"[bold red]not published:[/] {run.refusal}")
+        return 1
+    return 0
+
+
+def _progress(status, message: str) -> None:  # noqa: ANN001 - rich's Status
+    console.log(message)
+    status.update(message)
+
+
+def _default_report_dir(model: Path) -> Path:
+    resolved = model.resolve()
+    return Path("compression-reports") / f"{resolved.parent.name}-v{resolved.name}"

@@ -1,0 +1,338 @@
+"""One compression run: methods in, measured and gated results out, the winner published.
+
+The order is chosen so that bad input costs nothing and publishes nothing: method names
+and the publish choice are checked first, then the source version and the dataset
+against each other, and only then do methods run. Every result is measured on the same
+held-out examples as the float32 baseline (the source SavedModel), a result that loses
+more than the allowed accuracy is marked failed, the report is written, and only a
+passing result can become a new version in the repository.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from compression import clustering, pruning, ptq, qat
+from compression.cli import METHOD_NAMES as METHODS
+from compression.errors import CompressionError
+from compression.evaluate import (
+    EvalData,
+    EvalSettings,
+    Evaluation,
+    cpu_description,
+    evaluate_saved_model,
+    evaluate_tflite,
+    load_eval_data,
+)
+from compression.finetune import (
+    DEFAULT_EPOCHS,
+    TrainingData,
+    infer_heads,
+    open_dataset,
+    training_data,
+)
+from compression.loading import LoadedModel, load_version
+from compression.publish import Source, publish_compressed
+from compression.report import BASELINE, FAILED, PASSED, Report, ReportFiles, Row, write_report
+from compression.result import CompressedModel
+from training.export import validate_model_name
+
+REFERENCE_METHOD = "float32"
+# Results whose weights and activations are integers: what "publish the int8 model" means.
+INTEGER_METHODS = ("int8", "int8_io", "qat", "prune_qat")
+AUTO = "auto"
+
+Progress = Callable[[str], None]
+
+
+def parse_methods(text: str | Sequence[str]) -> list[str]:
+    """``"int8,prune"`` (or a list) -> known method names in order, without repeats."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names = [item.strip() for item in items if item.strip()]
+    if not names:
+        raise CompressionError(f"--method: no method given; choose from {', '.join(METHODS)}")
+    unknown = [name for name in names if name not in METHODS]
+    if unknown:
+        raise CompressionError(
+            f"--method: unsupported compression method {unknown[0]!r}; "
+            f"choose from {', '.join(METHODS)}"
+        )
+    return list(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class MethodOptions:
+    """Settings of the methods themselves (the defaults are the methods' own)."""
+
+    epochs: int = DEFAULT_EPOCHS
+    target_sparsity: float = 0.5
+    clusters: int = 16
+    calibration_samples: int = ptq.DEFAULT_SAMPLES
+    seed: int = 0
+    verbose: int = 0  # Keras progress bars while fine-tuning
+
+
+class MethodRunner:
+    """Runs methods on one source model, sharing what several of them need.
+
+    The training batches and the calibration samples are built once, on first use:
+    retraining methods share one training pipeline, and a run of post-training methods
+    never builds it.
+    """
+
+    def __init__(self, loaded: LoadedModel, dataset_dir: Path, options: MethodOptions) -> None:
+        self.model = loaded.model
+        self.heads = infer_heads(loaded.model, loaded.manifest.get("labels"))
+        self.dataset_dir = dataset_dir
+        self.options = options
+        self._train: TrainingData | None = None
+        self._representative: list | None = None
+
+    def train(self) -> TrainingData:
+        if self._train is None:
+            self._train = training_data(self.dataset_dir, self.model, self.heads)
+        return self._train
+
+    def representative(self) -> list:
+        if self._representative is None:
+            self._representative = ptq.representative_dataset(
+                self.dataset_dir,
+                self.model,
+                num_samples=self.options.calibration_samples,
+                seed=self.options.seed,
+            )
+        return self._representative
+
+    def _retrain(self, method: str) -> CompressedModel:
+        options = self.options
+        common = {
+            "heads": self.heads,
+            "epochs": options.epochs,
+            "seed": options.seed,
+            "verbose": options.verbose,
+        }
+        if method in ("prune", "prune_2_4"):
+            return pruning.prune(
+                self.model,
+                self.train(),
+                target_sparsity=options.target_sparsity,
+                structured_2_4=method == "prune_2_4",
+                **common,
+            )
+        if method == "qat":
+            return qat.quantize_aware(self.model, self.train(), **common)
+        if method == "prune_qat":
+            return qat.prune_quantize_aware(
+                self.model, self.train(), target_sparsity=options.target_sparsity, **common
+            )
+        if method == "cluster":
+            return clustering.cluster(
+                self.model, self.train(), number_of_clusters=options.clusters, **common
+            )
+        raise CompressionError(f"unsupported compression method {method!r}")
+
+    def run(self, method: str) -> CompressedModel:
+        """The result of ``method``, named after it."""
+        if method == "float32":
+            result = ptq.float32(self.model)
+        elif method == "dynamic_range":
+            result = ptq.dynamic_range(self.model)
+        elif method == "float16":
+            result = ptq.float16(self.model)
+        elif method in ("int8", "int8_io"):
+            result = ptq.full_integer(
+                self.model, self.representative(), int8_io=method == "int8_io"
+            )
+        else:
+            result = self._retrain(method)
+        return replace(result, method=method)
+
+
+@dataclass(frozen=True)
+class CompressOptions:
+    """What to run and how to judge it.
+
+    ``methods`` always gain the float32 TFLite conversion first: it is the reference the
+    size ratios are taken against and a check that conversion alone loses nothing.
+    ``publish`` is None (do not publish), ``"auto"`` (the smallest passing integer
+    result) or a method name.
+    """
+
+    methods: Sequence[str]
+    max_accuracy_drop: float = 1.0
+    split: str = "test"
+    settings: EvalSettings = field(default_factory=EvalSettings)
+    method_options: MethodOptions = field(default_factory=MethodOptions)
+    publish: str | None = None
+    repository: Path | None = None
+    model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        methods = parse_methods(self.methods)
+        object.__setattr__(self, "methods", [REFERENCE_METHOD] + [
+            name for name in methods if name != REFERENCE_METHOD
+        ])  # fmt: skip
+        if self.max_accuracy_drop < 0:
+            raise CompressionError(
+                f"--max-accuracy-drop must be >= 0 points, got {self.max_accuracy_drop:g}"
+            )
+        if self.model_name is not None:
+            try:
+                validate_model_name(self.model_name)
+            except ValueError as exc:
+                raise CompressionError(f"--name: {exc}") from None
+        if self.publish is None:
+            return
+        if self.repository is None:
+            raise CompressionError("--publish needs --out, the model repository to publish into")
+        if self.publish != AUTO and self.publish not in self.methods:
+            raise CompressionError(
+                f"--publish {self.publish}: that method is not among those run "
+                f"({', '.join(self.methods)})"
+            )
+        if self.publish == AUTO and not set(INTEGER_METHODS) & set(self.methods):
+            raise CompressionError(
+                f"--publish without a method picks the smallest passing integer result, but "
+                f"none of {', '.join(INTEGER_METHODS)} is run; name the method to publish"
+            )
+
+
+@dataclass
+class Outcome:
+    compressed: CompressedModel
+    row: Row
+
+
+@dataclass
+class CompressionRun:
+    """What a run produced. ``refusal`` says why nothing was published when asked to."""
+
+    source: Source
+    data: EvalData
+    baseline: Evaluation
+    outcomes: dict[str, Outcome]
+    report: Report
+    files: ReportFiles
+    published: tuple[int, Path] | None = None
+    refusal: str | None = None
+
+
+def gate(
+    baseline: Evaluation, evaluation: Evaluation, max_drop: float
+) -> tuple[str, float | None, str]:
+    """(status, worst accuracy drop in points, note) of one result against the baseline.
+
+    Each classification head may lose at most ``max_drop`` points; a model without
+    classification heads has no accuracy to lose and passes on accuracy.
+    """
+    drops = {
+        head: 100.0 * (accuracy - evaluation.accuracy.get(head, 0.0))
+        for head, accuracy in baseline.accuracy.items()
+    }
+    if not drops:
+        return PASSED, None, ""
+    head, worst = max(drops.items(), key=lambda item: item[1])
+    if worst > max_drop + 1e-9:
+        where = f" on {head!r}" if len(drops) > 1 else ""
+        return FAILED, worst, f"accuracy drops {worst:.2f} points{where} (max {max_drop:g})"
+    return PASSED, worst, ""
+
+
+def choose(outcomes: dict[str, Outcome], wanted: str) -> tuple[Outcome | None, str | None]:
+    """The outcome to publish, or why there is none."""
+    if wanted != AUTO:
+        outcome = outcomes[wanted]
+        if outcome.row.status != PASSED:
+            return None, f"{wanted} failed the accuracy gate ({outcome.row.note}); not published"
+        return outcome, None
+    passing = [
+        outcomes[name] for name in INTEGER_METHODS
+        if name in outcomes and outcomes[name].row.status == PASSED
+    ]  # fmt: skip
+    if not passing:
+        return None, "no integer result passed the accuracy gate; nothing published"
+    return min(passing, key=lambda outcome: outcome.row.evaluation.size_bytes), None
+
+
+def compress(
+    model_dir: str | Path,
+    dataset_dir: str | Path,
+    options: CompressOptions,
+    report_dir: str | Path,
+    *,
+    progress: Progress = lambda message: None,
+) -> CompressionRun:
+    """Run ``options.methods`` on the source version and report (and publish) the results."""
+    model_dir, dataset_dir = Path(model_dir), Path(dataset_dir)
+    progress(f"loading {model_dir}")
+    loaded: LoadedModel = load_version(model_dir)
+    source = Source(model_dir, loaded)
+    data_manifest = open_dataset(dataset_dir, options.split)
+    data = load_eval_data(
+        dataset_dir, loaded.signature, options.split, max_examples=options.settings.max_examples
+    )
+    progress(f"measuring the float32 baseline on {data.num_examples} {options.split} examples")
+    baseline = evaluate_saved_model(model_dir, data, settings=options.settings)
+    rows = [Row("float32", "SavedModel", baseline, BASELINE)]
+    runner = MethodRunner(loaded, dataset_dir, options.method_options)
+    outcomes: dict[str, Outcome] = {}
+    for method in options.methods:
+        progress(f"{method}: compressing")
+        try:
+            compressed = runner.run(method)
+        except CompressionError as exc:
+            raise CompressionError(f"{method}: {exc}") from None
+        progress(f"{method}: measuring")
+        evaluation = evaluate_tflite(
+            compressed.tflite, data, reference_outputs=baseline.outputs, settings=options.settings
+        )
+        status, drop, note = gate(baseline, evaluation, options.max_accuracy_drop)
+        row = Row(method, "TFLite", evaluation, status, drop, compressed.details, note)
+        outcomes[method] = Outcome(compressed, row)
+        rows.append(row)
+    report = Report(
+        model={"name": source.name, "version": source.version, "path": str(model_dir.resolve())},
+        dataset=str(dataset_dir.resolve()),
+        split=options.split,
+        max_accuracy_drop=options.max_accuracy_drop,
+        settings=options.settings,
+        rows=rows,
+        size_reference=REFERENCE_METHOD,
+        machine=cpu_description(),
+    )
+    files = write_report(report, report_dir)
+    run = CompressionRun(source, data, baseline, outcomes, report, files)
+    if options.publish is None:
+        return run
+    chosen, run.refusal = choose(outcomes, options.publish)
+    if chosen is None:
+        return run
+    method = chosen.compressed.method
+    progress(f"{method}: publishing into {options.repository}")
+    run.published = publish_compressed(
+        chosen.compressed,
+        chosen.row.evaluation,
+        source=source,
+        data_manifest=data_manifest,
+        split=options.split,
+        repository=options.repository,
+        model_name=options.model_name,
+        compression=_gate_record(chosen.row, options, files),
+    )
+    version, path = run.published
+    run.report = replace(
+        report, published={"method": method, "version": version, "path": str(path)}
+    )
+    run.files = write_report(run.report, report_dir)
+    return run
+
+
+def _gate_record(row: Row, options: CompressOptions, files: ReportFiles) -> dict[str, Any]:
+    return {
+        "accuracy_drop_points": row.accuracy_drop,
+        "max_accuracy_drop_points": options.max_accuracy_drop,
+        "report": str(files.json.resolve()),
+    }

@@ -1,0 +1,122 @@
+"""Publishing a compressed model as a new version of a model repository.
+
+The version holds ``model.tflite`` always and, when the method kept Keras weights
+(pruned, clustered, float), a SavedModel with the same ``serving_default`` signature,
+so the gateway can serve either. ``slipway.json`` vouches for every file and records
+what was done (method and its details), how the result measured (the evaluation that
+passed the accuracy gate) and where it came from (source version and its provenance,
+dataset, code commit). The version appears atomically through
+``training.export.publish_version``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compression.evaluate import Evaluation, TFLiteRunner
+from compression.loading import LoadedModel
+from compression.result import CompressedModel
+from research.data.manifest import Manifest
+from training.export import git_commit, publish_version, save_serving_model, write_model_manifest
+
+TFLITE_FILE = "model.tflite"
+
+
+@dataclass(frozen=True)
+class Source:
+    """The version a compressed model was made from."""
+
+    directory: Path
+    loaded: LoadedModel
+
+    @property
+    def name(self) -> str:
+        return str(self.loaded.manifest.get("name") or self.directory.resolve().parent.name)
+
+    @property
+    def version(self) -> int | str:
+        version = self.loaded.manifest.get("version")
+        return version if version is not None else self.directory.resolve().name
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.name,
+            "version": self.version,
+            "path": str(self.directory.resolve()),
+            "metrics": self.loaded.manifest.get("metrics"),
+            "provenance": self.loaded.manifest.get("provenance"),
+        }
+
+
+def flat_metrics(evaluation: Evaluation) -> dict[str, float]:
+    """The evaluation as ``slipway.json`` metrics: one number per name, as training writes."""
+    metrics: dict[str, float] = {"examples": float(evaluation.examples)}
+    metrics.update({f"{head}_accuracy": value for head, value in evaluation.accuracy.items()})
+    metrics.update({f"{head}_mae": value for head, value in evaluation.mae.items()})
+    if evaluation.agreement is not None:
+        metrics.update({f"{name}_agreement": value for name, value in evaluation.agreement.items()})
+    if evaluation.max_abs_diff is not None:
+        metrics["max_abs_diff"] = evaluation.max_abs_diff
+    metrics.update(
+        {
+            "tflite_bytes": float(evaluation.size_bytes),
+            "tflite_gzip_bytes": float(evaluation.gzip_bytes),
+            "latency_p50_ms": evaluation.latency_p50_ms,
+            "latency_p99_ms": evaluation.latency_p99_ms,
+            "throughput": evaluation.throughput,
+        }
+    )
+    return metrics
+
+
+def publish_compressed(
+    compressed: CompressedModel,
+    evaluation: Evaluation,
+    *,
+    source: Source,
+    data_manifest: Manifest,
+    split: str,
+    repository: str | Path,
+    model_name: str | None = None,
+    compression: dict[str, Any] | None = None,
+) -> tuple[int, Path]:
+    """Write ``compressed`` as ``<repository>/<model_name>/<next version>/``.
+
+    ``model_name`` defaults to the source model's name; ``compression`` adds to the
+    manifest's ``compression`` section (the accuracy gate, the report's location).
+    """
+    name = model_name or source.name
+    tflite_signature = TFLiteRunner(compressed.tflite).signature()
+
+    def write(directory: Path) -> None:
+        signature = tflite_signature
+        if compressed.keras_model is not None:
+            signature = save_serving_model(compressed.keras_model, directory)
+        (directory / TFLITE_FILE).write_bytes(compressed.tflite)
+        write_model_manifest(
+            directory,
+            {
+                "name": name,
+                "signature": signature,
+                "labels": source.loaded.manifest.get("labels", {}),
+                "metrics": {split: flat_metrics(evaluation)},
+                "provenance": {
+                    "method": compressed.method,
+                    "source": source.to_json(),
+                    "dataset": data_manifest.name,
+                    "data_manifest_hash": data_manifest.file_hash(),
+                    "git_commit": git_commit(Path.cwd()),
+                },
+                "compression": {
+                    "method": compressed.method,
+                    "details": compressed.details,
+                    "tflite": {"file": TFLITE_FILE, "signature": tflite_signature},
+                    "evaluation": evaluation.to_json(),
+                    **(compression or {}),
+                },
+            },
+        )
+
+    return publish_version(Path(repository).resolve(), name, write)
