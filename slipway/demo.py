@@ -98,12 +98,20 @@ def training_story(workdir: Path) -> Path:
     return version
 
 
+def serving_chapter(workdir: Path) -> None:
+    from slipway.demo_serving import serving_story
+
+    console.print(Rule("3. Serving"))
+    serving_story(workdir, workdir / "datasets" / "digits")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run Slipway's end-to-end demo.")
     parser.add_argument("--workdir", type=Path, default=Path("out/demo"))
     args = parser.parse_args()
     data_story(args.workdir)
     training_story(args.workdir)
+    serving_chapter(args.workdir)
     console.print(Rule("done"))
     console.print(f"everything the demo made is under [bold]{args.workdir}[/]")
 
