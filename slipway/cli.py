@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "training.cli",
     "compression.cli",
     "serving.cli",
+    "ops.cli",
 )
 
 EXIT_OK = 0
@@ -45,11 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = []
-    for module_name in COMMAND_MODULES:
-        errors.extend(getattr(importlib.import_module(module_name), "USER_ERRORS", ()))
-    return tuple(errors)
+def user_errors(handler: object) -> tuple[type[BaseException], ...]:
+    """The input errors of the package whose command runs (only that package is asked)."""
+    module = importlib.import_module(getattr(handler, "__module__", __name__))
+    return tuple(getattr(module, "USER_ERRORS", ()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.extra_args = extra
     try:
         return int(args.handler(args) or EXIT_OK)
-    except user_errors() as exc:
+    except user_errors(args.handler) as exc:
         stderr.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -105,13 +105,21 @@ def serving_chapter(workdir: Path) -> None:
     serving_story(workdir, workdir / "datasets" / "digits")
 
 
+def rollout_chapter(workdir: Path, version: Path) -> None:
+    from slipway.demo_rollout import rollout_story
+
+    console.print(Rule("4. Canary rollouts"))
+    rollout_story(workdir, version)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run Slipway's end-to-end demo.")
     parser.add_argument("--workdir", type=Path, default=Path("out/demo"))
     args = parser.parse_args()
     data_story(args.workdir)
-    training_story(args.workdir)
+    version = training_story(args.workdir)
     serving_chapter(args.workdir)
+    rollout_chapter(args.workdir, version)
     console.print(Rule("done"))
     console.print(f"everything the demo made is under [bold]{args.workdir}[/]")
 
