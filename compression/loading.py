@@ -1,0 +1,171 @@
+"""Opening a model repository version as the Keras model compression works on.
+
+Compression needs the Keras model (tfmot rewrites Keras layers), but what it must keep
+is the *served* contract: the ``serving_default`` signature's input and output names.
+So the signature is read from ``saved_model.pb`` itself (cheaply, without tracing any
+function) and checked against the reloaded Keras model before any method runs; every
+way this can fail is a ``CompressionError`` that names the directory and the problem.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+import tf_keras as keras
+from google.protobuf.message import DecodeError
+from tensorflow.core.protobuf import saved_model_pb2
+
+import research.models  # noqa: F401  (registers the zoo's custom layers for deserialisation)
+from compression.errors import CompressionError
+from training.export import MANIFEST_FILE, SIGNATURE_KEY, verify_model_dir
+
+_SAVED_MODEL_FILE = "saved_model.pb"
+_KERAS_METADATA_FILE = "keras_metadata.pb"
+# Keras rebuilds a layer class it does not know from the SavedModel's traced functions, as
+# a class created in this module: the layer runs, but its code and config are gone.
+_REVIVED_MODULE = "tf_keras.src.saving.legacy.saved_model.load"
+
+
+@dataclass
+class LoadedModel:
+    """A source model version: its Keras model, ``slipway.json`` and served signature.
+
+    ``manifest`` is empty for a plain SavedModel without ``slipway.json``; ``signature``
+    always describes the SavedModel's ``serving_default`` in ``slipway.json``'s layout
+    (``{"name", "inputs": {name: {"dtype", "shape"}}, "outputs": {...}}``).
+    """
+
+    model: keras.Model
+    manifest: dict[str, Any]
+    signature: dict[str, Any]
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.signature["inputs"])
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.signature["outputs"])
+
+
+def _describe(info: Any) -> dict[str, Any]:
+    shape = tf.TensorShape(info.tensor_shape)
+    dims = None if shape.rank is None else [-1 if d is None else d for d in shape.as_list()]
+    return {"dtype": tf.as_dtype(info.dtype).name, "shape": dims}
+
+
+def read_signature(directory: str | Path) -> dict[str, Any]:
+    """The ``serving_default`` signature of the SavedModel in ``directory``.
+
+    Parsed from the protobuf so a refused model costs milliseconds, not a model load.
+    """
+    root = Path(directory)
+    path = root / _SAVED_MODEL_FILE
+    if not root.is_dir():
+        raise CompressionError(f"{root}: not a directory")
+    if not path.is_file():
+        raise CompressionError(f"{root}: not a SavedModel (no {_SAVED_MODEL_FILE})")
+    saved = saved_model_pb2.SavedModel()
+    try:
+        saved.ParseFromString(path.read_bytes())
+    except DecodeError as exc:
+        raise CompressionError(f"{path}: not a SavedModel protobuf: {exc}") from None
+    if not saved.meta_graphs:
+        raise CompressionError(f"{path}: the SavedModel holds no graph")
+    signatures = saved.meta_graphs[0].signature_def
+    if SIGNATURE_KEY not in signatures:
+        raise CompressionError(
+            f"{root}: the SavedModel has no {SIGNATURE_KEY!r} signature "
+            f"(it has {sorted(key for key in signatures if not key.startswith('__'))}); "
+            "export it with named inputs and outputs (training.export.save_serving_model)"
+        )
+    definition = signatures[SIGNATURE_KEY]
+    return {
+        "name": SIGNATURE_KEY,
+        "inputs": {name: _describe(info) for name, info in sorted(definition.inputs.items())},
+        "outputs": {name: _describe(info) for name, info in sorted(definition.outputs.items())},
+    }
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
+    if not (root / MANIFEST_FILE).exists():
+        return {}
+    problems = verify_model_dir(root)
+    if problems:
+        raise CompressionError(
+            f"{root}: the version does not match its {MANIFEST_FILE}: {problems}"
+        )
+    manifest = json.loads((root / MANIFEST_FILE).read_text(encoding="utf-8"))
+    return manifest
+
+
+def _load_keras(root: Path) -> keras.Model:
+    if not (root / _KERAS_METADATA_FILE).is_file():
+        raise CompressionError(
+            f"{root}: the SavedModel has no {_KERAS_METADATA_FILE}, so its Keras layers cannot "
+            "be rebuilt; compress a model saved by Keras (training.export.save_serving_model)"
+        )
+    try:
+        model = keras.models.load_model(root, compile=False)
+    except (ValueError, TypeError, KeyError, OSError) as exc:
+        raise CompressionError(
+            f"{root}: cannot rebuild the Keras model (is every custom layer registered?): {exc}"
+        ) from None
+    if not isinstance(model, keras.Model) or model.inputs is None:
+        raise CompressionError(f"{root}: the SavedModel is not a Keras functional model")
+    revived = [
+        f"{layer.name} ({type(layer).__name__})"
+        for layer in model.layers
+        if type(layer).__module__ == _REVIVED_MODULE
+    ]
+    if revived:
+        raise CompressionError(
+            f"{root}: layers {revived} are not registered with Keras, so only their traced "
+            "graphs were restored and they cannot be pruned, quantized or cloned; import the "
+            "module that registers them (keras.saving.register_keras_serializable)"
+        )
+    return model
+
+
+def named_inputs(model: keras.Model) -> dict[str, Any]:
+    """Input name -> Keras tensor; the names a serving signature and a dataset speak."""
+    if isinstance(model.input, Mapping):
+        return dict(model.input)
+    return dict(zip(model.input_names, tf.nest.flatten(model.input), strict=True))
+
+
+def output_names(model: keras.Model) -> list[str]:
+    """The model's output names, as its ``serving_default`` keys them."""
+    if isinstance(model.output, Mapping):
+        return list(model.output)
+    return list(model.output_names)
+
+
+def _check_names(root: Path, model: keras.Model, signature: dict[str, Any]) -> None:
+    """Refuse a model whose Keras names differ from the served ones: outputs would move."""
+    model_inputs, model_outputs = sorted(named_inputs(model)), sorted(output_names(model))
+    served_inputs, served_outputs = sorted(signature["inputs"]), sorted(signature["outputs"])
+    if model_inputs != served_inputs or model_outputs != served_outputs:
+        raise CompressionError(
+            f"{root}: the Keras model's names {model_inputs} -> {model_outputs} differ from "
+            f"its {SIGNATURE_KEY} signature {served_inputs} -> {served_outputs}"
+        )
+
+
+def load_version(version_dir: str | Path) -> LoadedModel:
+    """Load ``<root>/<model>/<version>/`` for compression, refusing what cannot be kept.
+
+    The checks run cheapest first: the directory, the SavedModel protobuf and its
+    signature, ``slipway.json`` checksums, then the Keras model itself.
+    """
+    root = Path(version_dir)
+    signature = read_signature(root)
+    manifest = _read_manifest(root)
+    model = _load_keras(root)
+    _check_names(root, model, signature)
+    return LoadedModel(model=model, manifest=manifest, signature=signature)
