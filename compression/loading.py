@@ -129,7 +129,40 @@ def _load_keras(root: Path) -> keras.Model:
             "graphs were restored and they cannot be pruned, quantized or cloned; import the "
             "module that registers them (keras.saving.register_keras_serializable)"
         )
-    return model
+    return in_float32(model)
+
+
+def _float32_config(node: Any) -> Any:
+    """A layer config with every mixed-precision dtype policy replaced by float32."""
+    if isinstance(node, dict):
+        if node.get("class_name") in ("Policy", "DTypePolicy"):
+            name = str(node.get("config", {}).get("name", ""))
+            if name.startswith("mixed_"):
+                return "float32"
+        return {key: _float32_config(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_float32_config(item) for item in node]
+    if isinstance(node, str) and node.startswith("mixed_"):
+        return "float32"
+    return node
+
+
+def in_float32(model: keras.Model) -> keras.Model:
+    """The same model computing in float32.
+
+    A model trained under ``mixed_bfloat16``/``mixed_float16`` keeps float32 variables but
+    computes in 16 bits, which the TFLite converter and tfmot cannot take; compression starts
+    from the float32 model with the very same weights.
+    """
+    mixed = any(
+        getattr(getattr(layer, "dtype_policy", None), "name", "float32").startswith("mixed_")
+        for layer in model.layers
+    )
+    if not mixed:
+        return model
+    rebuilt = keras.Model.from_config(_float32_config(model.get_config()))
+    rebuilt.set_weights(model.get_weights())
+    return rebuilt
 
 
 def named_inputs(model: keras.Model) -> dict[str, Any]:

@@ -84,7 +84,7 @@ def training_story(workdir: Path) -> Path:
     for experiment in (EXAMPLES / "experiments").glob("*.yaml"):
         shutil.copy(experiment, experiments / experiment.name)
     models = workdir / "models"
-    shutil.rmtree(models / "digits", ignore_errors=True)
+    shutil.rmtree(models / "digits", ignore_errors=True)  # the demo starts from version 1
     shutil.rmtree(workdir / "runs" / "digits-cnn", ignore_errors=True)
     run("train", str(experiments / "digits_cnn.yaml"))
     version = models / "digits" / "1"
@@ -98,17 +98,32 @@ def training_story(workdir: Path) -> Path:
     return version
 
 
+def compression_chapter(workdir: Path, version: Path) -> None:
+    """Quantize the trained model, compare it with the float model, publish the int8 one."""
+    console.print(Rule("3. Compression"))
+    reports = workdir / "compression"
+    run(
+        "compress", str(version),
+        "--data", str(workdir / "datasets" / "digits"),
+        "--method", "dynamic_range,int8,prune",
+        "--out", str(workdir / "models"),
+        "--publish", "int8",
+        "--report-dir", str(reports),
+    )  # fmt: skip
+    console.print(f"report: {reports / 'report.md'} and {reports / 'report.png'}")
+
+
 def serving_chapter(workdir: Path) -> None:
     from slipway.demo_serving import serving_story
 
-    console.print(Rule("3. Serving"))
+    console.print(Rule("4. Serving"))
     serving_story(workdir, workdir / "datasets" / "digits")
 
 
 def rollout_chapter(workdir: Path, version: Path) -> None:
     from slipway.demo_rollout import rollout_story
 
-    console.print(Rule("4. Canary rollouts"))
+    console.print(Rule("5. Canary rollouts"))
     rollout_story(workdir, version)
 
 
@@ -118,6 +133,7 @@ def main() -> None:
     args = parser.parse_args()
     data_story(args.workdir)
     version = training_story(args.workdir)
+    compression_chapter(args.workdir, version)
     serving_chapter(args.workdir)
     rollout_chapter(args.workdir, version)
     console.print(Rule("done"))
