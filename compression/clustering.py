@@ -4,7 +4,8 @@ Every layer tfmot can cluster shares ``number_of_clusters`` centroids per kernel
 initialised, then fine-tuned), and the wrappers are stripped so the result is the source
 architecture whose kernels hold at most that many values: a file that compresses well
 (gzip) and that int8 conversion represents exactly. Layers tfmot cannot cluster (the
-zoo's custom embedding, layer norms) keep their weights and are listed with the reason.
+zoo's custom embedding) keep their weights and are listed with the reason; normalisation
+layers have no kernels to cluster and are left as they are.
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ cannot quantize (the zoo's attention, layer norms and embeddings over integer to
 are not annotated and stay float; they are listed by name, as are the quantized ones,
 so the report says exactly how much of the model runs in int8.
 
-When the source weights are pruned, the prune-preserving scheme keeps their zeros through
-quantization-aware training (``preserve_sparsity``), which is how pruning and
-quantization combine into one small model.
+When the source weights are pruned, their zeros are kept through quantization-aware
+training (``preserve_sparsity``: tfmot's prune-preserving scheme where it applies, and
+the pruning masks re-applied after every step), which is how pruning and quantization
+combine into one small, sparse int8 model.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from compression.finetune import (
     DEFAULT_EPOCHS,
     DEFAULT_LEARNING_RATE,
     TrainingData,
+    copy_model,
     fine_tune,
     infer_heads,
 )
@@ -37,15 +39,18 @@ from research.models import HeadSpec
 quantize = tfmot.quantization.keras
 
 
-def _scheme(preserve_sparsity: bool) -> quantize.QuantizeScheme:
-    if preserve_sparsity:
-        return tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme()
-    return quantize.default_8bit.Default8BitQuantizeScheme()
+DEFAULT_SCHEME = quantize.default_8bit.Default8BitQuantizeScheme
+PRUNE_PRESERVE_SCHEME = tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme
 
 
 def _reads_integers(layer: keras.layers.Layer) -> bool:
-    """True when ``layer`` consumes integer tensors, which fake-quantization cannot take."""
-    return any(not tf.as_dtype(tensor.dtype).is_floating for tensor in tf.nest.flatten(layer.input))
+    """True when ``layer`` consumes integer tensors (also through keyword arguments, as
+    mean pooling takes its token ids): fake-quantization has nothing to round there."""
+    return any(
+        not tf.as_dtype(tensor.dtype).is_floating
+        for node in layer.inbound_nodes
+        for tensor in node.keras_inputs
+    )
 
 
 _FOLDS_BATCH_NORM = (keras.layers.Conv2D, keras.layers.DepthwiseConv2D, keras.layers.Dense)
@@ -63,18 +68,16 @@ def _folds_into(layer: keras.layers.Layer, annotated: Sequence[str]) -> bool:
     )
 
 
-def annotate_supported(
-    model: keras.Model, scheme: quantize.QuantizeScheme
-) -> tuple[keras.Model, list[str], list[str]]:
+def annotate_supported(model: keras.Model) -> tuple[keras.Model, list[str], list[str]]:
     """(model with every quantizable layer annotated, quantized names, float names).
 
     Annotating every layer is what ``quantize_model`` does; annotating only the layers
-    the scheme supports is the documented way to quantize part of a model, and gives the
-    same model when all are supported. Supported means: in the scheme's registry, or a
+    tfmot supports is the documented way to quantize part of a model, and gives the
+    same model when all are supported. Supported means: in the 8-bit registry, or a
     batch norm its transforms fold into the preceding convolution; and never a layer
     reading integer ids, where fake-quantization has nothing to round.
     """
-    registry = scheme.get_quantize_registry()
+    registry = DEFAULT_SCHEME().get_quantize_registry()
     quantized: list[str] = []
     floating: list[str] = []
 
@@ -96,8 +99,9 @@ class KeepZeros(keras.callbacks.Callback):
 
     The prune-preserving scheme masks only the weights it fake-quantizes, and tfmot
     leaves the kernel of a Dense or Conv2D followed by a ReLU layer out of
-    fake-quantization (tensorflow/model-optimization#523), so those zeros would drift.
-    Re-applying each weight's initial zero mask keeps every pruned weight at zero.
+    fake-quantization (tensorflow/model-optimization#523); the default scheme masks
+    nothing. Re-applying each weight's initial zero mask keeps every pruned weight at
+    zero whichever scheme trains.
     """
 
     def __init__(self, weights: Iterable[tf.Variable]) -> None:
@@ -142,13 +146,18 @@ def _train_aware(
     """(trained quantization-aware model, its int8 TFLite, details)."""
     heads = dict(heads) if heads is not None else infer_heads(model)
     keras.utils.set_random_seed(seed)
-    scheme = _scheme(preserve_sparsity)
-    # quantize_apply builds a new model with copied weights: ``model`` stays untouched.
-    annotated, quantized, floating = annotate_supported(model, scheme)
+    # A fresh copy: layers of a model that was itself cloned (a stripped, pruned model)
+    # also belong to earlier graphs, which would blur which layer feeds which.
+    annotated, quantized, floating = annotate_supported(copy_model(model))
     if not quantized:
         raise CompressionError(
             f"{model.name}: tfmot's 8-bit scheme supports none of its layers ({floating})"
         )
+    # The prune-preserving scheme only applies to a model quantized throughout: its
+    # registry claims every weightless layer (the zoo's pooling) and then asks the 8-bit
+    # registry for a config that layer does not have. KeepZeros keeps the zeros anyway.
+    preserving = preserve_sparsity and not floating
+    scheme = PRUNE_PRESERVE_SCHEME() if preserving else DEFAULT_SCHEME()
     try:
         with quantize.quantize_scope():
             aware = quantize.quantize_apply(annotated, scheme)
@@ -170,7 +179,7 @@ def _train_aware(
     details: dict[str, Any] = {
         "quantized_layers": quantized,
         "float_layers": floating,
-        "scheme": "prune_preserve" if preserve_sparsity else "default_8bit",
+        "scheme": "prune_preserve" if preserving else "default_8bit",
         "history": history,
         **io_types(flatbuffer),
     }
@@ -225,8 +234,8 @@ def prune_quantize_aware(
     """Prune, then quantization-aware train with the zeros kept: one sparse int8 model.
 
     ``details`` has the pruning report (``sparsity`` measured after pruning), the QAT
-    layer lists, and ``sparsity_after_qat`` measured on the quantization-aware weights,
-    which shows the prune-preserving scheme kept the zeros.
+    layer lists, the ``scheme`` used, and ``sparsity_after_qat`` measured on the
+    quantization-aware weights, which shows the zeros were kept.
     """
     pruned, prune_details = prune_weights(
         model,

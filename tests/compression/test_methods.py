@@ -378,16 +378,24 @@ def test_quantization_aware_training_reports_quantized_and_float_layers(
     assert agreement(predictions, reference(current)) >= 0.85
 
 
-def test_pruning_preserving_qat_keeps_the_zeros_in_the_int8_weights(zoo: dict[str, Zoo]) -> None:
-    mlp = zoo["mlp"]
+@pytest.mark.parametrize("family", ["mlp", "transformer"])
+def test_pruning_then_qat_keeps_the_zeros_in_the_int8_weights(
+    zoo: dict[str, Zoo], family: str
+) -> None:
+    current = zoo[family]
     result = qat.prune_quantize_aware(
-        mlp.model, mlp.train, heads=mlp.heads, target_sparsity=0.5, epochs=1
+        current.model, current.train, heads=current.heads, target_sparsity=0.5, epochs=1
     )
     assert result.method == "prune+qat"
-    assert result.details["scheme"] == "prune_preserve"
-    assert_keeps_names(result, mlp)
+    assert_keeps_names(result, current)
+    assert result.details["sparsity_after_qat"].keys() == result.details["sparsity"].keys()
     for name, value in result.details["sparsity_after_qat"].items():
         assert value >= 0.45, name
+    if family == "transformer":  # float attention: tfmot's prune-preserving scheme cannot apply
+        assert result.details["scheme"] == "default_8bit"
+        assert "encoder_block0_attention" in result.details["float_layers"]
+        return
+    assert result.details["scheme"] == "prune_preserve"
     interpreter = Interpreter(model_content=result.tflite)
     interpreter.allocate_tensors()
     kernels = [
@@ -398,7 +406,7 @@ def test_pruning_preserving_qat_keeps_the_zeros_in_the_int8_weights(zoo: dict[st
         and "MatMul" in detail["name"]
         and detail["shape"][0] > 1
     ]
-    assert len(kernels) == 2
+    assert len(kernels) == 2  # both Dense kernels, stored as int8
     assert all(zeros(kernel) >= 0.45 for kernel in kernels)
 
 
