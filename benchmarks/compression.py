@@ -19,7 +19,6 @@ the full compression reports (Markdown, JSON, PNG) are written beside it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from benchmarks.common import write_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "compression.json"
@@ -267,10 +268,7 @@ def run(quick: bool, output: Path) -> dict[str, Any]:
         results["cases"] = [
             bench_case(case, datasets[case.dataset], workdir, quick, report_root) for case in CASES
         ]
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print_table(results)
-    print(f"results written to {output}")
+    write_results(output, results, print_table)
     return results
 
 

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import write_results
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "data.json"
 PIPELINE_GOAL = 10.0
@@ -550,10 +552,7 @@ def run(quick: bool, output: Path) -> dict[str, Any]:
             "beam_build": bench_build(workdir, sizes.build_records),
             "build_memory": bench_build_memory(workdir, sizes.memory_records),
         }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print_table(results)
-    print(f"results written to {output}")
+    write_results(output, results, print_table)
     return results
 
 

@@ -16,7 +16,6 @@ Results are printed as a table and written to ``benchmarks/results/rollout.json`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -27,6 +26,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common import write_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "rollout.json"
@@ -264,10 +265,7 @@ def run(quick: bool, output: Path) -> dict[str, Any]:
             },
             **bench(Path(tmp), repeats=1 if quick else 3),
         }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print_table(results)
-    print(f"results written to {output}")
+    write_results(output, results, print_table)
     return results
 
 

@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import write_results
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "serving.json"
 MODEL = "mlp"
@@ -419,10 +421,7 @@ def run(quick: bool, output: Path) -> dict[str, Any]:
             },
             **bench(Path(tmp), sizes),
         }
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print_table(results)
-    print(f"results written to {output}")
+    write_results(output, results, print_table)
     return results
 
 

@@ -1,0 +1,32 @@
+"""What every benchmark does the same way: describe the machine, save and show results."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+
+def machine_info() -> dict[str, Any]:
+    """Enough about the machine to read the figures in context (timings drift here)."""
+    import tensorflow as tf
+
+    return {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+    }
+
+
+def write_results(
+    output: Path, results: Mapping[str, Any], print_table: Callable[[Any], None]
+) -> None:
+    """Write the JSON results, then print the table a person reads."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print_table(results)
+    print(f"results written to {output}")
