@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import tf_keras as keras
+
 from compression import clustering, pruning, ptq, qat
 from compression.cli import METHOD_NAMES as METHODS
 from compression.errors import CompressionError
@@ -267,6 +269,9 @@ def compress(
 ) -> CompressionRun:
     """Run ``options.methods`` on the source version and report (and publish) the results."""
     model_dir, dataset_dir = Path(model_dir), Path(dataset_dir)
+    # Every model built here (pruning and quantization wrappers, fine-tuning) computes in
+    # float32, whatever policy a training run earlier in this process left behind.
+    keras.mixed_precision.set_global_policy("float32")
     progress(f"loading {model_dir}")
     loaded: LoadedModel = load_version(model_dir)
     source = Source(model_dir, loaded)
