@@ -17,6 +17,10 @@ import tf_keras as keras
 
 from training.launcher import HEARTBEAT_ENV, write_heartbeat
 
+# Eager summary writes cost milliseconds; training scalars reach TensorBoard at most this
+# often (every value still goes to metrics.jsonl).
+SUMMARY_INTERVAL_SECONDS = 1.0
+
 
 class RunLog:
     def __init__(self, run_dir: Path, total_steps: int, *, is_chief: bool, verbose: bool) -> None:
@@ -25,6 +29,7 @@ class RunLog:
         self._writer = None
         self._jsonl = None
         self._progress = None
+        self._last_summary = float("-inf")
         if is_chief:
             run_dir.mkdir(parents=True, exist_ok=True)
             self._writer = tf.summary.create_file_writer(str(run_dir / "tensorboard"))
@@ -43,6 +48,10 @@ class RunLog:
         record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
+        now = time.monotonic()
+        if kind == "train" and now - self._last_summary < SUMMARY_INTERVAL_SECONDS:
+            return
+        self._last_summary = now
         with self._writer.as_default(step=step):
             for name, value in values.items():
                 tf.summary.scalar(f"{kind}/{name}", value)

@@ -186,6 +186,7 @@ class Trainer:
 
     def _compile_execution(self) -> Any:
         update = self.update_step.update
+        schedule = self.schedule
 
         @tf.function
         def execute(iterator: Any, num_updates: tf.Tensor, stop: tf.Tensor) -> Any:
@@ -194,7 +195,7 @@ class Trainer:
             any_stop = tf.constant(0.0)
             for _ in tf.range(num_updates):
                 loss, norm, any_stop = update(iterator, stop)
-            return loss, norm, any_stop
+            return loss, norm, any_stop, schedule(self.optimizer.iterations)
 
         return execute
 
@@ -234,10 +235,10 @@ class Trainer:
             while self.step < self.total_steps:
                 count = min(per_execution, self.total_steps - self.step)
                 started = time.perf_counter()
-                loss, norm, stop = self._execution(
+                loss, norm, stop, rate = self._execution(
                     self.iterator, tf.constant(count), tf.constant(float(flag.requested))
                 )
-                loss, norm, stop = float(loss), float(norm), float(stop)
+                loss, norm, stop, rate = float(loss), float(norm), float(stop), float(rate)
                 busy += time.perf_counter() - started
                 examples_seen += count * config.data.batch_size
                 step = self.step
@@ -246,7 +247,7 @@ class Trainer:
                 values = {
                     "loss": loss,
                     "gradient_norm": norm,
-                    "learning_rate": float(self.schedule(step)),
+                    "learning_rate": rate,
                     "examples_per_second": examples_seen / max(busy, 1e-9),
                 }
                 log.scalars(step, values)

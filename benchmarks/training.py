@@ -1,0 +1,784 @@
+"""Trainer benchmarks: ``python -m benchmarks.training [--quick]``.
+
+Two workloads from the model zoo, as the example experiments configure them: the
+Transformer encoder on the generated text corpus (``text_transformer.yaml``) and the
+ResNet-style CNN on the 8x8 digits (``digits_cnn.yaml``), each on a dataset built by
+``build_dataset`` from the demo's raw data. Everything is compared side by side in one
+run, so the figures that matter are ratios, not absolute times on a shared machine:
+
+1. the trainer against a plain ``model.fit`` of the same model, on the same
+   ``tf.data`` pipeline, in the same precision and with the same
+   ``steps_per_execution`` (goal: at least as fast);
+2. ``precision: auto`` (bfloat16 where the CPU has AVX512-BF16 or AMX) against
+   float32, next to a large bfloat16 matmul that shows what the CPU itself can gain;
+3. a checkpoint every 100 steps against none (goal: at least 0.95 of the speed);
+4. losing a worker: seconds from a SIGKILL of one of two local workers to the first
+   step the restarted group completes under the ``Supervisor``;
+5. the input pipeline iterated alone against what the trainer consumes (goal: at
+   least 3x, i.e. training is never input-bound).
+
+Throughput is steady state only: each run first trains ``warmup_steps`` (tracing, the
+shuffle buffer, the first epoch into the cache) and is then timed from the marks the
+trainer logs (and a callback records for ``fit``) after every execution. Other work on
+a shared machine only ever slows a run down, so a run's figure is its best span of 100
+steps (a span of 100 steps holds exactly one save when checkpointing every 100 steps),
+and each variant keeps its best of several rounds, run in alternating order. Rates are
+given per second and per CPU second of this process: the second moves much less when the
+machine's load does, and a goal counts as met or missed only when both agree.
+
+Results are printed as a table and written to ``benchmarks/results/training.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import io
+import json
+import os
+import platform
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO_ROOT / "examples"
+RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "training.json"
+FIT_GOAL = 1.0
+BF16_GOAL = 1.5
+CHECKPOINT_GOAL = 0.95
+PIPELINE_GOAL = 3.0
+CHECKPOINT_EVERY = 100
+WINDOW_STEPS = CHECKPOINT_EVERY  # throughput is the best span of this many steps
+# Under the supervisor: checkpoint often and kill after the first one, so the restarted
+# group really restores a checkpoint before its first step.
+RESTART_CHECKPOINT_EVERY = 20
+KILL_AFTER_STEP = 24
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16", "avx512f")
+MATMUL_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One zoo model on one dataset, as an example experiment trains it."""
+
+    name: str
+    experiment: str  # file under examples/experiments
+    dataset: str  # name the dataset is built under
+    spec: str  # file under examples/data
+
+
+WORKLOADS = (
+    Workload("transformer", "text_transformer.yaml", "corpus", "corpus.yaml"),
+    Workload("cnn", "digits_cnn.yaml", "digits", "digits.yaml"),
+)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    rounds: int
+    warmup_steps: int  # a multiple of every experiment's steps_per_execution
+    measured_steps: dict[str, int]  # whole hundreds, per workload
+    pipeline_seconds: float
+    restart_workloads: tuple[str, ...]
+
+
+FULL = Sizes(
+    rounds=3,
+    warmup_steps=52,
+    measured_steps={"transformer": 200, "cnn": 400},
+    pipeline_seconds=5.0,
+    restart_workloads=("cnn", "transformer"),
+)
+QUICK = Sizes(
+    rounds=1,
+    warmup_steps=20,
+    measured_steps={"transformer": 100, "cnn": 200},
+    pipeline_seconds=2.0,
+    restart_workloads=("cnn",),
+)
+
+
+# --- datasets and experiments ---------------------------------------------------------
+
+
+def build_datasets(workdir: Path) -> dict[str, Path]:
+    """The demo's raw digits and corpus, built with the example dataset specs."""
+    from research.data.pipeline import build_dataset
+    from research.data.spec import load_spec
+    from slipway.demo import write_raw_data
+
+    raw = workdir / "raw"
+    write_raw_data(raw)
+    built = {}
+    for workload in WORKLOADS:
+        output = workdir / "datasets" / workload.dataset
+        build_dataset(load_spec(raw / workload.spec), output, overwrite=True)
+        built[workload.name] = output
+    return built
+
+
+def experiment(
+    workload: Workload,
+    dataset: Path,
+    run_dir: Path,
+    *,
+    steps: int,
+    precision: str = "auto",
+    checkpoint_every: int | None = None,
+) -> Any:
+    """The example experiment, pointed at ``dataset`` and trained for ``steps`` updates.
+
+    No evaluation split: the figures are about training, and evaluating at the end
+    would only add to the time every run takes.
+    """
+    from research.experiments import load_experiment
+    from research.experiments.config import ExperimentConfig
+
+    config = load_experiment(EXAMPLES / "experiments" / workload.experiment).model_dump(mode="json")
+    config["run_dir"] = str(run_dir)
+    config["data"].update(dataset=str(dataset), eval_split=None, test_split=None)
+    config["training"].update(steps=steps, epochs=None, precision=precision, eval_every_steps=None)
+    config["checkpoint"].update(every_steps=checkpoint_every, every_seconds=None)
+    return ExperimentConfig.model_validate(config)
+
+
+# --- steady-state throughput -----------------------------------------------------------
+
+
+class CpuClock:
+    """This process's CPU seconds (all threads) sampled against wall-clock time.
+
+    Other work on a shared machine changes how much CPU a run gets from one minute to
+    the next, so wall-clock rates drift; CPU seconds per example move much less. Sampled
+    from a background thread because the trainer's loop offers no hook, then
+    interpolated at the wall-clock marks each run records.
+    """
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self._interval = interval
+        self._samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="cpu-clock", daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            self._samples.append((time.time(), time.process_time()))
+            if self._stop.wait(self._interval):
+                return
+
+    def __enter__(self) -> CpuClock:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._samples.append((time.time(), time.process_time()))
+
+    def at(self, wall: float) -> float:
+        """CPU seconds used by ``wall`` (linear between the samples either side)."""
+        samples = self._samples
+        index = bisect.bisect_left(samples, (wall, -1.0))
+        if index == 0 or index == len(samples):
+            raise ValueError(f"no CPU samples around time {wall}")
+        (wall0, cpu0), (wall1, cpu1) = samples[index - 1], samples[index]
+        return cpu0 + (cpu1 - cpu0) * (wall - wall0) / max(wall1 - wall0, 1e-9)
+
+
+def steady_rates(
+    marks: Sequence[tuple[int, float]], start_step: int, batch_size: int, clock: CpuClock
+) -> dict[str, float]:
+    """Steady-state throughput from ``(steps completed, wall-clock time)`` marks taken
+    after each execution, counting only steps after ``start_step``.
+
+    Over every span of ``WINDOW_STEPS`` steps (sliding one execution at a time) the best
+    examples per second and the best examples per CPU second. A span of a multiple of
+    100 steps always contains the same number of checkpoints (each is saved just after
+    the mark of a multiple of 100).
+    """
+    after = [(step, at) for step, at in marks if step >= start_step]
+    spans = [
+        (first, next((last for last in after if last[0] - first[0] >= WINDOW_STEPS), None))
+        for first in after
+    ]
+    spans = [(first, last) for first, last in spans if last is not None]
+    if not spans:
+        raise RuntimeError(
+            f"need at least {WINDOW_STEPS} steps after step {start_step} to time, got {after}"
+        )
+
+    def rates(first: tuple[int, float], last: tuple[int, float]) -> tuple[float, float]:
+        examples = (last[0] - first[0]) * batch_size
+        cpu = clock.at(last[1]) - clock.at(first[1])
+        return examples / max(last[1] - first[1], 1e-9), examples / max(cpu, 1e-9)
+
+    windows = [rates(first, last) for first, last in spans]
+    return {
+        "examples_per_second": max(wall for wall, _ in windows),
+        "examples_per_cpu_second": max(cpu for _, cpu in windows),
+    }
+
+
+def run_records(run_dir: Path) -> list[dict[str, Any]]:
+    """Every record of a run's ``metrics.jsonl`` (none when it has not written one)."""
+    try:
+        text = (run_dir / "metrics.jsonl").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def trainer_marks(run_dir: Path) -> list[tuple[int, float]]:
+    """The ``(step, time)`` of every training record the trainer logged."""
+    return [
+        (int(record["step"]), float(record["time"]))
+        for record in run_records(run_dir)
+        if record.get("kind") == "train"
+    ]
+
+
+def run_trainer(config: Any, warmup_steps: int) -> dict[str, Any]:
+    """Train with ``Trainer.run`` as ``slipway train`` does; its steady examples/s."""
+    import tf_keras as keras
+
+    from training.trainer import Trainer
+
+    keras.backend.clear_session()
+    with CpuClock() as clock:
+        outcome = Trainer(config, verbose=False).run()
+    if outcome.exit_code != 0:
+        raise RuntimeError(f"the trainer exited with code {outcome.exit_code}")
+    marks = trainer_marks(config.run_path)
+    rates = steady_rates(marks, warmup_steps, config.data.batch_size, clock)
+    return {**rates, "precision": outcome.precision}
+
+
+def run_fit(config: Any, warmup_steps: int) -> dict[str, Any]:
+    """``model.fit`` as a Keras user would write it for the same experiment.
+
+    The model, the ``tf.data`` pipeline, the precision policy, the losses and their
+    weights, AdamW with the same schedule and clipping, and ``steps_per_execution`` all
+    come from the experiment; dropout draws from Keras' default RNG and no training
+    metric is compiled (the trainer computes none during its updates either).
+    """
+    import tf_keras as keras
+
+    from research.models import build_model, compile_args
+    from training.data import model_io, open_manifest, training_dataset
+    from training.optimization import WarmupDecay
+    from training.precision import apply_precision, needs_loss_scaling, resolve_precision
+
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(config.seed)
+    keras.backend.experimental.disable_tf_random_generator()
+    training = config.training
+    precision = resolve_precision(training.precision)
+    apply_precision(precision)
+    io_spec = model_io(config, open_manifest(config))
+    dataset = training_dataset(
+        config, io_spec, micro_batch=config.data.batch_size, input_context=None
+    )
+    model = build_model(config.model, io_spec.inputs, io_spec.heads)
+    schedule = training.schedule
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=WarmupDecay(
+            training.optimizer.learning_rate,
+            training.steps,
+            schedule.warmup_steps,
+            schedule.decay,
+            schedule.final_learning_rate_ratio,
+        ),
+        weight_decay=training.optimizer.weight_decay,
+        beta_1=training.optimizer.beta_1,
+        beta_2=training.optimizer.beta_2,
+        epsilon=training.optimizer.epsilon,
+        global_clipnorm=training.optimizer.clip_global_norm,
+    )
+    if needs_loss_scaling(precision):
+        optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
+    compiled = compile_args(io_spec.heads)
+    model.compile(
+        optimizer=optimizer,
+        loss=compiled["loss"],
+        loss_weights=compiled["loss_weights"],
+        steps_per_execution=training.steps_per_execution,
+    )
+    marks: list[tuple[int, float]] = []
+    # ``batch`` is the index of the last step of the execution that just ended.
+    timer = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: marks.append((batch + 1, time.time()))
+    )
+    with CpuClock() as clock:
+        model.fit(dataset, epochs=1, steps_per_epoch=training.steps, verbose=0, callbacks=[timer])
+    rates = steady_rates(marks, warmup_steps, config.data.batch_size, clock)
+    return {**rates, "precision": precision}
+
+
+def run_pipeline(config: Any, seconds: float) -> dict[str, Any]:
+    """The trainer's own input pipeline iterated alone, with nothing training.
+
+    Timed from the second pass over the data on (the first fills the shuffle buffer
+    and, where the experiment caches, the cache) for about ``seconds``.
+    """
+    import tf_keras as keras
+
+    from training.data import model_io, open_manifest, steps_per_epoch, training_dataset
+
+    keras.backend.clear_session()
+    manifest = open_manifest(config)
+    io_spec = model_io(config, manifest)
+    batch = config.data.batch_size
+    dataset = training_dataset(config, io_spec, micro_batch=batch, input_context=None)
+    batches = iter(dataset)
+    for _ in range(steps_per_epoch(manifest, config.data.train_split, batch) + 1):
+        next(batches)
+    count, started, cpu_started = 0, time.perf_counter(), time.process_time()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        next(batches)
+        count += 1
+    return {
+        "examples_per_second": count * batch / elapsed,
+        "examples_per_cpu_second": count * batch / (time.process_time() - cpu_started),
+        "precision": "",
+    }
+
+
+# --- the side-by-side rounds -----------------------------------------------------------
+
+VARIANTS = ("trainer", "fit", "float32", "checkpoint", "pipeline")
+RATES = ("examples_per_second", "examples_per_cpu_second")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    key: str
+    title: str
+    measured: str  # variant
+    baseline: str  # variant
+    goal: float
+
+
+COMPARISONS = (
+    Comparison("trainer_vs_fit", "1. trainer vs model.fit", "trainer", "fit", FIT_GOAL),
+    Comparison("auto_vs_float32", "2. precision auto vs float32", "trainer", "float32", BF16_GOAL),
+    Comparison(
+        "checkpoint_vs_none",
+        "3. checkpoint /100 steps vs none",
+        "checkpoint",
+        "trainer",
+        CHECKPOINT_GOAL,
+    ),
+    Comparison(
+        "pipeline_vs_trainer",
+        "5. input pipeline alone vs trainer",
+        "pipeline",
+        "trainer",
+        PIPELINE_GOAL,
+    ),
+)
+
+
+def measure_variant(
+    variant: str, workload: Workload, dataset: Path, run_dir: Path, sizes: Sizes
+) -> dict[str, Any]:
+    steps = sizes.warmup_steps + sizes.measured_steps[workload.name]
+    config = experiment(
+        workload,
+        dataset,
+        run_dir,
+        steps=steps,
+        precision="float32" if variant == "float32" else "auto",
+        checkpoint_every=CHECKPOINT_EVERY if variant == "checkpoint" else None,
+    )
+    if variant == "pipeline":
+        return run_pipeline(config, sizes.pipeline_seconds)
+    if variant == "fit":
+        return run_fit(config, sizes.warmup_steps)
+    return run_trainer(config, sizes.warmup_steps)
+
+
+def bench_workload(
+    workload: Workload, dataset: Path, workdir: Path, sizes: Sizes
+) -> dict[str, Any]:
+    """Every variant ``sizes.rounds`` times, alternating; each keeps its best round."""
+    variants: dict[str, dict[str, Any]] = {
+        variant: {rate: [] for rate in RATES} for variant in VARIANTS
+    }
+    for round_index in range(sizes.rounds):
+        order = VARIANTS if round_index % 2 == 0 else VARIANTS[::-1]
+        for variant in order:
+            run_dir = workdir / f"{workload.name}-{variant}-{round_index}"
+            started = time.perf_counter()
+            result = measure_variant(variant, workload, dataset, run_dir, sizes)
+            seconds = time.perf_counter() - started
+            variants[variant]["precision"] = result["precision"]
+            for rate in RATES:
+                variants[variant][rate].append(round(result[rate], 1))
+            print(
+                f"  {workload.name:<11} round {round_index + 1}/{sizes.rounds} {variant:<10}"
+                f" {result['examples_per_second']:>8,.0f} examples/s"
+                f" {result['examples_per_cpu_second']:>8,.0f} per CPU second"
+                f" {result['precision'] or 'input only':<14} ({seconds:.0f} s)",
+                flush=True,
+            )
+    for figures in variants.values():
+        figures["best"] = {rate: max(figures[rate]) for rate in RATES}
+    comparisons = {}
+    for comparison in COMPARISONS:
+        measured, baseline = variants[comparison.measured], variants[comparison.baseline]
+        outcome: dict[str, Any] = {"goal": comparison.goal}
+        for key, rate in zip(("ratio", "cpu_ratio"), RATES, strict=True):
+            outcome[key] = _ratio(measured["best"][rate], baseline["best"][rate])
+            # Each round's own ratio (runs next to each other): the spread shows the noise.
+            outcome[f"{key}_by_round"] = [
+                _ratio(top, bottom)
+                for top, bottom in zip(measured[rate], baseline[rate], strict=True)
+            ]
+        outcome["verdict"] = verdict(outcome)
+        comparisons[comparison.key] = outcome
+    config = experiment(workload, dataset, workdir, steps=1)  # for its settings
+    return {
+        "experiment": workload.experiment,
+        "batch_size": config.data.batch_size,
+        "steps_per_execution": config.training.steps_per_execution,
+        "warmup_steps": sizes.warmup_steps,
+        "measured_steps": sizes.measured_steps[workload.name],
+        "variants": variants,
+        "comparisons": comparisons,
+    }
+
+
+def verdict(outcome: Mapping[str, float]) -> str:
+    """``met`` or ``missed`` when the wall-clock and the CPU-time ratios agree on it;
+    ``unclear`` when they do not, which on a shared machine means the load moved."""
+    met = [outcome[key] >= outcome["goal"] for key in ("ratio", "cpu_ratio")]
+    return "met" if all(met) else "missed" if not any(met) else "unclear"
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    return round(numerator / denominator, 3)
+
+
+# --- bfloat16 on this CPU --------------------------------------------------------------
+
+
+def bench_matmul(repeats: int = 20) -> dict[str, Any]:
+    """A large square matmul in bfloat16 and float32: the most the CPU can gain.
+
+    The small zoo models spend much of a step outside matrix multiplies (and in casts
+    that bfloat16 adds), so their ratio is below this ceiling.
+    """
+    import tensorflow as tf
+
+    rates = {}
+    for dtype in (tf.float32, tf.bfloat16):
+        a = tf.random.stateless_normal([MATMUL_SIZE, MATMUL_SIZE], seed=[1, 2], dtype=dtype)
+        b = tf.random.stateless_normal([MATMUL_SIZE, MATMUL_SIZE], seed=[3, 4], dtype=dtype)
+        multiply = tf.function(lambda x, y: tf.reduce_sum(tf.cast(tf.matmul(x, y), tf.float32)))
+        multiply(a, b).numpy()
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.perf_counter()
+            multiply(a, b).numpy()
+            best = min(best, time.perf_counter() - started)
+        rates[dtype.name] = 2 * MATMUL_SIZE**3 / best / 1e9
+    return {
+        "size": MATMUL_SIZE,
+        "float32_gflops": round(rates["float32"], 1),
+        "bfloat16_gflops": round(rates["bfloat16"], 1),
+        "bfloat16_vs_float32": _ratio(rates["bfloat16"], rates["float32"]),
+    }
+
+
+# --- 4. losing a worker under the supervisor -------------------------------------------
+
+
+def _wait_for(
+    condition: Callable[[], bool], alive: Callable[[], bool], timeout: float, what: str
+) -> None:
+    """Poll ``condition`` until it holds; fail when the supervisor ends or time runs out."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if not alive():
+            raise RuntimeError(f"the supervisor stopped before {what}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def resumed_at(run_dir: Path, *, after: float) -> float | None:
+    """When the chief logged resuming from a checkpoint (after ``after``), if it did.
+
+    Splits a restarted worker's start-up into what comes before the restore (starting
+    Python, importing TensorFlow, joining the cluster, building the model) and what
+    comes after it (tracing the update and running the first execution).
+    """
+    times = [
+        float(record["time"])
+        for record in run_records(run_dir)
+        if record.get("kind") == "event"
+        and str(record.get("message", "")).startswith("resumed from checkpoint")
+        and float(record["time"]) >= after
+    ]
+    return min(times, default=None)
+
+
+def bench_restart(
+    workload: Workload, dataset: Path, workdir: Path, *, timeout: float = 600.0
+) -> dict[str, Any]:
+    """SIGKILL worker 1 of 2 mid-run and time the supervisor's recovery.
+
+    The workers are ``slipway train --worker`` processes under a ``Supervisor`` with the
+    settings ``slipway train --workers 2`` uses. Once the restarted group has completed
+    a step the run is stopped as on preemption; the timings come from the supervisor's
+    ``RestartEvent`` and from this process's clock at the kill (both wall-clock).
+    """
+    import yaml
+    from rich.console import Console
+
+    from training.errors import EXIT_DIVERGED, EXIT_INVALID
+    from training.launcher import read_heartbeat
+    from training.supervisor import Supervisor
+
+    config = experiment(
+        workload,
+        dataset,
+        workdir / "run",
+        steps=100_000,
+        checkpoint_every=RESTART_CHECKPOINT_EVERY,
+    )
+    path = workdir / "experiment.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")), encoding="utf-8")
+    command = [sys.executable, "-m", "slipway", "train", str(path), "--worker"]
+    command += ["--no-export", "--quiet"]
+    # What the supervisor says and worker 0's output, which it copies to stdout.
+    said = io.StringIO()
+    supervisor = Supervisor(
+        command,
+        2,
+        log_dir=config.run_path / "workers",
+        permanent_exit_codes=(EXIT_INVALID, EXIT_DIVERGED),
+        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+        console=Console(file=said, soft_wrap=True),
+    )
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(supervisor.run()), daemon=True)
+
+    def step_reached() -> bool:
+        beat = read_heartbeat(supervisor.heartbeat_file(1))
+        return beat is not None and beat.step >= KILL_AFTER_STEP
+
+    def recovered() -> bool:
+        return bool(supervisor.restarts) and supervisor.restarts[0].first_step_at is not None
+
+    with contextlib.redirect_stdout(said):
+        thread.start()
+        try:
+            _wait_for(step_reached, thread.is_alive, timeout, f"step {KILL_AFTER_STEP}")
+            killed_at = time.time()
+            os.kill(supervisor.pids[1], signal.SIGKILL)
+            _wait_for(recovered, thread.is_alive, timeout, "the restarted group's first step")
+        except RuntimeError as exc:
+            tail = " | ".join(said.getvalue().strip().splitlines()[-6:])
+            raise RuntimeError(f"{exc}; last output: {tail}") from None
+        finally:
+            supervisor.request_stop("benchmark finished")
+            thread.join(timeout)
+    event = supervisor.restarts[0]
+    restored_at = resumed_at(config.run_path, after=event.relaunched_at)
+    return {
+        "experiment": workload.experiment,
+        "workers": 2,
+        "killed_after_step": KILL_AFTER_STEP,
+        "restart_reason": f"worker {event.worker} {event.reason}",
+        "backoff_seconds": supervisor.policy.delay(1),
+        "kill_to_detected_seconds": round(event.detected_at - killed_at, 3),
+        "seconds_to_relaunch": round(event.seconds_to_relaunch, 3),
+        "seconds_to_first_step": round(event.seconds_to_first_step, 3),
+        "startup_to_first_step_seconds": round(event.first_step_at - event.relaunched_at, 3),
+        "startup_to_restored_seconds": (
+            None if restored_at is None else round(restored_at - event.relaunched_at, 3)
+        ),
+        "kill_to_first_step_seconds": round(event.first_step_at - killed_at, 3),
+        "supervisor_exit_code": codes[0] if codes else None,
+    }
+
+
+# --- report ----------------------------------------------------------------------------
+
+
+STATUS_STYLES = {"met": "green", "missed": "red", "unclear": "yellow"}
+
+
+def _rate(figures: Mapping[str, Any]) -> str:
+    precision = f" {figures['precision']}" if figures["precision"] else ""
+    return f"{figures['best']['examples_per_second']:,.0f} ex/s{precision}"
+
+
+def _restart_row(name: str, restart: Mapping[str, Any]) -> tuple[str, ...]:
+    title = "4. SIGKILL 1 of 2 workers -> first new step"
+    if "error" in restart:
+        return (title, name, f"failed: {restart['error']}", "", "", "", "", "[red]failed")
+    restored = restart["startup_to_restored_seconds"]
+    startup = f"{restart['startup_to_first_step_seconds']:.1f} s"
+    if restored is not None:
+        startup += f" (restored at {restored:.1f} s)"
+    breakdown = (
+        f"detect {restart['kill_to_detected_seconds']:.1f} s + stop the survivor, back off, "
+        f"relaunch {restart['seconds_to_relaunch']:.1f} s + new workers to first step {startup}"
+    )
+    measured = f"{restart['kill_to_first_step_seconds']:.1f} s"
+    return (title, name, measured, breakdown, "", "", "", "")
+
+
+def _ratio_cell(outcome: Mapping[str, Any], key: str) -> str:
+    """The ratio of the best rates, with the range of the rounds' own ratios."""
+    by_round = outcome[f"{key}_by_round"]
+    spread = f" ({_times(min(by_round))}-{_times(max(by_round))})" if len(by_round) > 1 else ""
+    return f"{_times(outcome[key])}x{spread}"
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:.2f}" if ratio < 10 else f"{ratio:.0f}"
+
+
+COLUMNS = ("benchmark", "model", "measured", "baseline", "ratio", "per CPU s", "goal", "status")
+
+
+def print_table(results: Mapping[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=180)
+    quick = " (quick)" if results["quick"] else ""
+    table = Table(title=f"Slipway trainer benchmarks{quick}, best of {results['rounds']} round(s)")
+    for column in COLUMNS:
+        table.add_column(column)
+    workloads = results["workloads"]
+    for comparison in COMPARISONS:
+        if comparison.key == "pipeline_vs_trainer":
+            for name, restart in results["restart"].items():
+                table.add_row(*_restart_row(name, restart))
+        for name, figures in workloads.items():
+            outcome = figures["comparisons"][comparison.key]
+            table.add_row(
+                comparison.title,
+                name,
+                _rate(figures["variants"][comparison.measured]),
+                _rate(figures["variants"][comparison.baseline]),
+                _ratio_cell(outcome, "ratio"),
+                _ratio_cell(outcome, "cpu_ratio"),
+                f">= {comparison.goal:g}x",
+                f"[{STATUS_STYLES[outcome['verdict']]}]{outcome['verdict']}",
+            )
+        if comparison.key == "auto_vs_float32":
+            matmul = results["bf16_matmul"]
+            table.add_row(
+                "   the CPU alone: matmul",
+                f"{matmul['size']}x{matmul['size']}",
+                f"{matmul['bfloat16_gflops']:,.0f} GFLOP/s bfloat16",
+                f"{matmul['float32_gflops']:,.0f} GFLOP/s float32",
+                f"{_times(matmul['bfloat16_vs_float32'])}x",
+                "",
+                "",
+                "",
+            )
+    console.print(table)
+    machine = results["machine"]
+    flags = ", ".join(machine["bf16_cpu_flags"]) or "none"
+    console.print(
+        f"CPU: {machine['cpu_model']}, {machine['cpus']} cores, bf16-related flags: {flags} "
+        f"(precision auto -> {machine['precision_auto_resolves_to']}); load average "
+        f"{machine['load_average_start'][0]:.1f} at the start, "
+        f"{machine['load_average_end'][0]:.1f} at the end. 'ratio' compares the best examples "
+        "per second, 'per CPU s' the best examples per CPU second of this process (steadier "
+        "when other work shares the machine), in brackets the range of each round's own "
+        "ratio; a goal is met or missed when both ratios agree, unclear when they do not.",
+        soft_wrap=True,
+    )
+
+
+def machine_info() -> dict[str, Any]:
+    import tensorflow as tf
+
+    from training.precision import cpu_flags, resolve_precision
+
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    flags = cpu_flags()
+    return {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "cpu_model": model,
+        "cpus": os.cpu_count(),
+        "bf16_cpu_flags": [flag for flag in BF16_CPU_FLAGS if flag in flags],
+        "precision_auto_resolves_to": resolve_precision("auto"),
+        "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on)"),
+        "load_average_start": os.getloadavg(),
+    }
+
+
+def run(quick: bool, output: Path) -> dict[str, Any]:
+    sizes = QUICK if quick else FULL
+    started = time.perf_counter()
+    results: dict[str, Any] = {"quick": quick, "rounds": sizes.rounds, "machine": machine_info()}
+    with tempfile.TemporaryDirectory(prefix="slipway-bench-training-") as tmp:
+        workdir = Path(tmp)
+        print("building the datasets ...", flush=True)
+        datasets = build_datasets(workdir)
+        results["bf16_matmul"] = bench_matmul()
+        results["workloads"] = {
+            workload.name: bench_workload(
+                workload, datasets[workload.name], workdir / "runs", sizes
+            )
+            for workload in WORKLOADS
+        }
+        results["restart"] = {}
+        for workload in WORKLOADS:
+            if workload.name not in sizes.restart_workloads:
+                continue
+            print(f"  {workload.name:<11} killing a worker under the supervisor ...", flush=True)
+            try:
+                results["restart"][workload.name] = bench_restart(
+                    workload, datasets[workload.name], workdir / f"restart-{workload.name}"
+                )
+            except RuntimeError as exc:  # a failed recovery is a result, not a crash
+                results["restart"][workload.name] = {"error": str(exc)}
+    results["machine"]["load_average_end"] = os.getloadavg()
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print_table(results)
+    print(f"results written to {output} ({results['seconds']:.0f} s)")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.training", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes; a few minutes")
+    parser.add_argument("--output", type=Path, default=RESULTS_FILE)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    run(args.quick, args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
