@@ -52,12 +52,16 @@ def data_story(workdir: Path) -> None:
     raw, datasets = workdir / "raw", workdir / "datasets"
     console.print(Rule("1. Data engineering"))
     write_raw_data(raw)
-    for name, spec in (("digits", "digits.yaml"), ("digits-images", "digits_images.yaml"),
-                       ("corpus", "corpus.yaml")):
+    for name, spec in (
+        ("digits", "digits.yaml"),
+        ("digits-images", "digits_images.yaml"),
+        ("corpus", "corpus.yaml"),
+    ):
         run("data", "build", str(raw / spec), "-o", str(datasets / name), "--overwrite")
     run("data", "show", str(datasets / "corpus"))
-    run("data", "validate", str(datasets / "digits-images"), "--reference",
-        str(datasets / "digits"))
+    run(
+        "data", "validate", str(datasets / "digits-images"), "--reference", str(datasets / "digits")
+    )
     run("data", "validate", str(datasets / "corpus"))
     show_input_pipeline(datasets / "corpus")
 

@@ -65,8 +65,6 @@ def serving_story(workdir: Path, dataset: Path) -> None:
         )
         if shutil.which("curl"):
             predictions = call_with_curl(gateway.rest_url, "digits", images)["predictions"]
-            console.print(
-                f"REST :predict: predicted {[int(np.argmax(p)) for p in predictions]}"
-            )
+            console.print(f"REST :predict: predicted {[int(np.argmax(p)) for p in predictions]}")
         status = gateway.http_status("/v1/models/digits")
         console.print(f"GET /v1/models/digits -> HTTP {status}")

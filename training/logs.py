@@ -65,8 +65,18 @@ class RunLog:
         if not self.is_chief:
             return
         print(f"\n[step {step}] {message}", flush=True)
-        self._jsonl.write(json.dumps({"kind": "event", "step": step, "message": message,
-                                      "time": round(time.time(), 3), **details}) + "\n")
+        self._jsonl.write(
+            json.dumps(
+                {
+                    "kind": "event",
+                    "step": step,
+                    "message": message,
+                    "time": round(time.time(), 3),
+                    **details,
+                }
+            )
+            + "\n"
+        )
         self._jsonl.flush()
 
     def close(self) -> None:

@@ -222,8 +222,9 @@ class Trainer:
     def run(self) -> TrainOutcome:
         self.prepare()
         config = self.config
-        log = RunLog(config.run_path, self.total_steps, is_chief=self.role.is_chief,
-                     verbose=self.verbose)
+        log = RunLog(
+            config.run_path, self.total_steps, is_chief=self.role.is_chief, verbose=self.verbose
+        )
         flag = PreemptionFlag().install()
         restores = 0
         try:
@@ -263,7 +264,10 @@ class Trainer:
                         return self._outcome(EXIT_DIVERGED, examples_seen, busy, restores)
                     continue
                 self._save(log)
-                if config.training.eval_every_steps and step % config.training.eval_every_steps == 0:
+                if (
+                    config.training.eval_every_steps
+                    and step % config.training.eval_every_steps == 0
+                ):
                     self._log_evaluation(log, config.data.eval_split)
             self._save(log, force=True)
             outcome = self._outcome(EXIT_OK, examples_seen, busy, restores)

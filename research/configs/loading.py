@@ -91,7 +91,13 @@ def _path_in_data(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
     path: list[Any] = []
     node = data
     for index, part in enumerate(loc):
-        if isinstance(node, dict) and part in node or isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        if (
+            isinstance(node, dict)
+            and part in node
+            or isinstance(node, list)
+            and isinstance(part, int)
+            and 0 <= part < len(node)
+        ):
             node = node[part]
         elif isinstance(node, dict) and index == len(loc) - 1:
             pass  # a missing or unknown key: keep it, it is what the user must fix
@@ -108,7 +114,9 @@ def _nearest_line(loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> in
     return None
 
 
-def parse_model(data: Any, model: type[ModelT], *, source: str = "<config>", text: str = "") -> ModelT:
+def parse_model(
+    data: Any, model: type[ModelT], *, source: str = "<config>", text: str = ""
+) -> ModelT:
     """Validate already-parsed data; ``text`` (the YAML source) lets errors carry line numbers."""
     lines: dict[tuple[Any, ...], int] = {}
     if text:

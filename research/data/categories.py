@@ -27,7 +27,9 @@ def natural_order(values: Iterable[str]) -> list[str]:
         return sorted(values)
 
 
-def choose_vocabulary(counts: Iterable[tuple[str, int]], max_size: int = MAX_CATEGORIES) -> list[str]:
+def choose_vocabulary(
+    counts: Iterable[tuple[str, int]], max_size: int = MAX_CATEGORIES
+) -> list[str]:
     """Keep the ``max_size`` most frequent values (ties by value), in natural order."""
     ranked = sorted(counts, key=lambda item: (-item[1], item[0]))[:max_size]
     return natural_order(value for value, _ in ranked)

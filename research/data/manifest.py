@@ -88,9 +88,7 @@ class Manifest:
 
     def shard_paths(self, root: str | Path, split: str) -> list[str]:
         if split not in self.splits:
-            raise DatasetError(
-                f"{root}: no split {split!r}; the dataset has {sorted(self.splits)}"
-            )
+            raise DatasetError(f"{root}: no split {split!r}; the dataset has {sorted(self.splits)}")
         return [str(Path(root) / shard.path) for shard in self.splits[split].shards]
 
     def to_json(self) -> dict[str, Any]:

@@ -41,7 +41,9 @@ def build_report(counters: Mapping[str, int], split_records: Mapping[str, int]) 
     ]
 
     def total(action: str, prefix: str = "") -> int:
-        return sum(r["count"] for r in rules if r["action"] == action and r["rule"].startswith(prefix))
+        return sum(
+            r["count"] for r in rules if r["action"] == action and r["rule"].startswith(prefix)
+        )
 
     return {
         "records_read": total("read"),

@@ -33,7 +33,6 @@ __all__ = ["GatewayProcess", "GatewayProcessError", "GatewayThread", "free_port"
 T = TypeVar("T")
 
 
-
 class GatewayThread:
     """A ``GatewayServer`` on its own event loop thread; use as a context manager."""
 

@@ -58,7 +58,9 @@ def test_accumulated_micro_batches_make_the_large_batch_update(tmp_path, dataset
 
 def test_setup_errors_come_before_any_step(tmp_path, dataset):
     bad_feature = write_experiment(tmp_path / "a", dataset, data__features=["pixel"])
-    with pytest.raises(ConfigError, match=r"data.features: not input features of the dataset: \['pixel'\]"):
+    with pytest.raises(
+        ConfigError, match=r"data.features: not input features of the dataset: \['pixel'\]"
+    ):
         Trainer(load_experiment(bad_feature))
 
     indivisible = write_experiment(

@@ -77,7 +77,10 @@ def test_a_run_killed_mid_way_resumes_bit_for_bit(tmp_path, dataset):
     interrupted = write_experiment(tmp_path / "interrupted", dataset, **settings)
     heartbeat = tmp_path / "heartbeat"
     first = slipway(
-        "train", str(interrupted), "--no-export", "--quiet",
+        "train",
+        str(interrupted),
+        "--no-export",
+        "--quiet",
         env={"SLIPWAY_HEARTBEAT_FILE": str(heartbeat)},
     )
     wait_for_step(heartbeat, first, 10)
