@@ -179,7 +179,9 @@ class Trainer:
         self.input_keeper = CheckpointKeeper(
             config.checkpoint_path / "input" / f"worker-{self.role.index}",
             tf.train.Checkpoint(iterator=self.iterator),
-            keep=config.checkpoint.keep,
+            # One more than the main checkpoints: it is saved first, so a kill right after
+            # it must still leave the position of the previous committed step.
+            keep=config.checkpoint.keep + 1,
             keep_every_hours=config.checkpoint.keep_every_hours,
         )
         self._execution = self._compile_execution()
@@ -207,8 +209,11 @@ class Trainer:
     def _save(self, log: RunLog, *, force: bool = False) -> None:
         step = self.step
         if force or self.keeper.should_save(step):
-            self.keeper.save(step)
+            # The input position goes first: the main checkpoint's commit marker is what
+            # makes step ``step`` resumable, so its input position must already be on disk
+            # whenever that marker exists (a kill between the two leaves the previous step).
             self.input_keeper.save(step)
+            self.keeper.save(step)
 
     def _restore(self, log: RunLog) -> int | None:
         step = self.keeper.restore_latest()
