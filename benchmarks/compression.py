@@ -19,8 +19,6 @@ the full compression reports (Markdown, JSON, PNG) are written beside it.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -32,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.common import write_results
+from benchmarks.common import machine_info, write_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "compression.json"
@@ -242,16 +240,10 @@ def print_table(results: Mapping[str, Any]) -> None:
 
 
 def run(quick: bool, output: Path) -> dict[str, Any]:
-    import tensorflow as tf
 
     results: dict[str, Any] = {
         "quick": quick,
-        "machine": {
-            "python": platform.python_version(),
-            "tensorflow": tf.__version__,
-            "cpus": os.cpu_count(),
-            "load_average": os.getloadavg(),
-        },
+        "machine": machine_info(),
         "goals": {
             "int8_size_ratio": INT8_SIZE_GOAL,
             "prune_gzip_ratio": PRUNE_GZIP_GOAL,

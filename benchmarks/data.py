@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import platform
 import resource
 import subprocess
 import sys
@@ -36,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import write_results
+from benchmarks.common import machine_info, write_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "data.json"
@@ -533,19 +531,13 @@ def print_table(results: Mapping[str, Any]) -> None:
 
 
 def run(quick: bool, output: Path) -> dict[str, Any]:
-    import tensorflow as tf
 
     sizes = QUICK if quick else FULL
     with tempfile.TemporaryDirectory(prefix="slipway-bench-data-") as tmp:
         workdir = Path(tmp)
         results: dict[str, Any] = {
             "quick": quick,
-            "machine": {
-                "python": platform.python_version(),
-                "tensorflow": tf.__version__,
-                "cpus": os.cpu_count(),
-                "load_average": os.getloadavg(),
-            },
+            "machine": machine_info(),
             "input_pipeline": bench_input_pipeline(
                 workdir, sizes.pipeline_records, sizes.pipeline_repeats
             ),

@@ -16,8 +16,6 @@ Results are printed as a table and written to ``benchmarks/results/rollout.json`
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -27,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import write_results
+from benchmarks.common import machine_info, write_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "rollout.json"
@@ -252,17 +250,11 @@ def print_table(results: Mapping[str, Any]) -> None:
 
 
 def run(quick: bool, output: Path) -> dict[str, Any]:
-    import tensorflow as tf
 
     with tempfile.TemporaryDirectory(prefix="slipway-bench-rollout-") as tmp:
         results: dict[str, Any] = {
             "quick": quick,
-            "machine": {
-                "python": platform.python_version(),
-                "tensorflow": tf.__version__,
-                "cpus": os.cpu_count(),
-                "load_average": os.getloadavg(),
-            },
+            "machine": machine_info(),
             **bench(Path(tmp), repeats=1 if quick else 3),
         }
     write_results(output, results, print_table)

@@ -22,8 +22,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import platform
 import signal
 import socket
 import subprocess
@@ -38,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import write_results
+from benchmarks.common import machine_info, write_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "serving.json"
@@ -407,18 +405,12 @@ def print_table(results: Mapping[str, Any]) -> None:
 
 
 def run(quick: bool, output: Path) -> dict[str, Any]:
-    import tensorflow as tf
 
     sizes = QUICK if quick else FULL
     with tempfile.TemporaryDirectory(prefix="slipway-bench-serving-") as tmp:
         results: dict[str, Any] = {
             "quick": quick,
-            "machine": {
-                "python": platform.python_version(),
-                "tensorflow": tf.__version__,
-                "cpus": os.cpu_count(),
-                "load_average": os.getloadavg(),
-            },
+            "machine": machine_info(),
             **bench(Path(tmp), sizes),
         }
     write_results(output, results, print_table)

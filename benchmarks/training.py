@@ -37,7 +37,6 @@ import contextlib
 import io
 import json
 import os
-import platform
 import signal
 import sys
 import tempfile
@@ -47,6 +46,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common import machine_info
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
@@ -700,7 +701,7 @@ def print_table(results: Mapping[str, Any]) -> None:
     console.print(
         f"CPU: {machine['cpu_model']}, {machine['cpus']} cores, bf16-related flags: {flags} "
         f"(precision auto -> {machine['precision_auto_resolves_to']}); load average "
-        f"{machine['load_average_start'][0]:.1f} at the start, "
+        f"{machine['load_average'][0]:.1f} at the start, "
         f"{machine['load_average_end'][0]:.1f} at the end. 'ratio' compares the best examples "
         "per second, 'per CPU s' the best examples per CPU second of this process (steadier "
         "when other work shares the machine), in brackets the range of each round's own "
@@ -709,9 +710,8 @@ def print_table(results: Mapping[str, Any]) -> None:
     )
 
 
-def machine_info() -> dict[str, Any]:
-    import tensorflow as tf
-
+def training_machine_info() -> dict[str, Any]:
+    """The shared machine description plus what decides precision on this CPU."""
     from training.precision import cpu_flags, resolve_precision
 
     model = "unknown"
@@ -722,21 +722,22 @@ def machine_info() -> dict[str, Any]:
                 break
     flags = cpu_flags()
     return {
-        "python": platform.python_version(),
-        "tensorflow": tf.__version__,
+        **machine_info(),
         "cpu_model": model,
-        "cpus": os.cpu_count(),
         "bf16_cpu_flags": [flag for flag in BF16_CPU_FLAGS if flag in flags],
         "precision_auto_resolves_to": resolve_precision("auto"),
         "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on)"),
-        "load_average_start": os.getloadavg(),
     }
 
 
 def run(quick: bool, output: Path) -> dict[str, Any]:
     sizes = QUICK if quick else FULL
     started = time.perf_counter()
-    results: dict[str, Any] = {"quick": quick, "rounds": sizes.rounds, "machine": machine_info()}
+    results: dict[str, Any] = {
+        "quick": quick,
+        "rounds": sizes.rounds,
+        "machine": training_machine_info(),
+    }
     with tempfile.TemporaryDirectory(prefix="slipway-bench-training-") as tmp:
         workdir = Path(tmp)
         print("building the datasets ...", flush=True)
