@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serving.batching import BatchingConfig
 from serving.repository import VersionPolicy
+from serving.yaml_errors import explain, key_lines
 
 MIB = 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 64 * MIB
@@ -171,46 +172,17 @@ def load_config(path: str | Path | None) -> GatewayConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}:1: expected a mapping at the top level")
-    lines: dict[tuple[Any, ...], int] = {}
-    if node is not None:
-        _record_lines(node, (), lines)
+    lines = key_lines(node)
     try:
         config = GatewayConfig.model_validate(data)
     except pydantic.ValidationError as exc:
         raise ConfigError(
-            "\n".join(_explain(error, path, lines) for error in exc.errors())
+            "\n".join(
+                explain(error, str(path), lines, not_keys=("local", "remote"))
+                for error in exc.errors()
+            )
         ) from None
     return _resolve_paths(config, path.parent)
-
-
-def _record_lines(node: yaml.Node, key: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> None:
-    lines[key] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            _record_lines(value_node, (*key, key_node.value), lines)
-            lines[(*key, key_node.value)] = key_node.start_mark.line + 1
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            _record_lines(item, (*key, index), lines)
-
-
-def _explain(error: Any, path: Path, lines: dict[tuple[Any, ...], int]) -> str:
-    # pydantic adds union/discriminator tags to locations; only keys that are in the
-    # file help the reader, so keep the parts that are strings or list indices.
-    loc = tuple(
-        part for part in error["loc"] if isinstance(part, int) or part not in ("local", "remote")
-    )
-    line = next((lines[loc[:end]] for end in range(len(loc), -1, -1) if loc[:end] in lines), None)
-    where = f"{path}:{line}" if line else str(path)
-    dotted = ".".join(str(part) for part in loc) or "<root>"
-    kind = error["type"]
-    if kind in ("extra_forbidden", "unexpected_keyword_argument"):
-        message = "unknown key"
-    elif kind == "missing":
-        message = "required key is missing"
-    else:
-        message = f"{error['msg'].removeprefix('Value error, ')} (got {error.get('input')!r})"
-    return f"{where}: {dotted}: {message}"
 
 
 def _resolve_paths(config: GatewayConfig, base: Path) -> GatewayConfig:

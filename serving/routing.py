@@ -29,13 +29,14 @@ import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Literal, Protocol
 
 import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
 
 from serving.errors import InvalidArgument, NotFound
+from serving.yaml_errors import explain, key_lines
 
 logger = logging.getLogger(__name__)
 
@@ -136,38 +137,12 @@ def parse_routing(text: str, *, source: str = "<routing>") -> RoutingConfig:
         raise RoutingConfigError(f"{source}: empty routing file (write 'models: {{}}' for none)")
     if not isinstance(data, dict):
         raise RoutingConfigError(f"{source}:1: expected a mapping at the top level")
-    lines: dict[tuple[Any, ...], int] = {}
-    if node is not None:
-        _record_lines(node, (), lines)
+    lines = key_lines(node)
     try:
         return RoutingConfig.model_validate(data)
     except pydantic.ValidationError as exc:
-        messages = [_explain(error, source, lines) for error in exc.errors()]
+        messages = [explain(error, source, lines, not_keys=("[key]",)) for error in exc.errors()]
         raise RoutingConfigError("\n".join(messages)) from None
-
-
-def _record_lines(node: yaml.Node, key: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> None:
-    lines[key] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            _record_lines(value_node, (*key, key_node.value), lines)
-            lines[(*key, key_node.value)] = key_node.start_mark.line + 1
-
-
-def _explain(error: Any, source: str, lines: dict[tuple[Any, ...], int]) -> str:
-    # pydantic appends "[key]" to the location of an invalid dict key; the file only knows
-    # the key itself.
-    loc = tuple(part for part in error["loc"] if part != "[key]")
-    line = next((lines[loc[:end]] for end in range(len(loc), -1, -1) if loc[:end] in lines), None)
-    where = f"{source}:{line}" if line else source
-    dotted = ".".join(str(part) for part in loc) or "<root>"
-    if error["type"] == "extra_forbidden":
-        message = "unknown key"
-    elif error["type"] == "missing":
-        message = "required key is missing"
-    else:
-        message = f"{error['msg'].removeprefix('Value error, ')} (got {error.get('input')!r})"
-    return f"{where}: {dotted}: {message}"
 
 
 def load_routing(path: str | Path) -> RoutingConfig:
