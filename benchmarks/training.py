@@ -272,8 +272,9 @@ def run_fit(config: Any, warmup_steps: int) -> dict[str, Any]:
     """
     import tf_keras as keras
 
+    from research.experiments.model_io import model_io
     from research.models import build_model, compile_args
-    from training.data import model_io, open_manifest, training_dataset
+    from training.data import open_manifest, training_dataset
     from training.optimization import WarmupDecay
     from training.precision import apply_precision, needs_loss_scaling, resolve_precision
 
@@ -331,7 +332,8 @@ def run_pipeline(config: Any, seconds: float) -> dict[str, Any]:
     """
     import tf_keras as keras
 
-    from training.data import model_io, open_manifest, steps_per_epoch, training_dataset
+    from research.experiments.model_io import model_io
+    from training.data import open_manifest, steps_per_epoch, training_dataset
 
     keras.backend.clear_session()
     manifest = open_manifest(config)

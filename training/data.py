@@ -14,17 +14,8 @@ import tensorflow as tf
 from research.data.input_pipeline import ImageAugmentation, make_dataset
 from research.data.manifest import DatasetError, Manifest, load_manifest
 from research.experiments.config import ExperimentConfig
-from research.experiments.model_io import ModelIO, as_head_labels, model_io
+from research.experiments.model_io import ModelIO, as_head_labels
 from training.errors import TrainingSetupError
-
-__all__ = [
-    "ModelIO",
-    "evaluation_dataset",
-    "model_io",
-    "open_manifest",
-    "steps_per_epoch",
-    "training_dataset",
-]
 
 
 def open_manifest(config: ExperimentConfig) -> Manifest:

@@ -15,7 +15,7 @@ import tf_keras as keras
 
 from research.data.manifest import Manifest
 from research.experiments.config import ExperimentConfig
-from training.data import ModelIO
+from research.experiments.model_io import ModelIO
 from training.export import (
     git_commit,
     publish_version,
