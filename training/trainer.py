@@ -185,6 +185,8 @@ class Trainer:
             keep_every_hours=config.checkpoint.keep_every_hours,
         )
         self._execution = self._compile_execution()
+        # Traced once per run, not once per evaluation.
+        self._predict = tf.function(lambda features: self.model(features, training=False))
 
     def _compile_execution(self) -> Any:
         update = self.update_step.update
@@ -331,16 +333,12 @@ class Trainer:
         losses = compiled["loss"]
         weights = compiled["loss_weights"]
         metrics = {name: list(items) for name, items in compiled["metrics"].items()}
-        for items in metrics.values():
-            for metric in items:
-                metric.reset_state()
         total, count = 0.0, 0
         dataset = training_data.evaluation_dataset(
             self.config, self.io, split, self.config.data.batch_size
         )
-        predict = tf.function(lambda features: self.model(features, training=False))
         for features, labels in dataset:
-            outputs = predict(features)
+            outputs = self._predict(features)
             batch = int(next(iter(labels.values())).shape[0])
             batch_loss = sum(
                 float(loss(labels[name], outputs[name])) * weights[name]
