@@ -84,14 +84,9 @@ def write_digits_dataset(root: Path, num_records: int, seed: int = 0) -> None:
     import tensorflow as tf
     from PIL import Image
 
-    from research.data.features import FeatureSpec, encode_example
-    from research.data.manifest import (
-        Manifest,
-        ShardInfo,
-        SplitInfo,
-        sha256_file,
-        write_manifest,
-    )
+    from contracts.dataset_manifest import Manifest, ShardInfo, SplitInfo, write_manifest
+    from contracts.digests import file_sha256
+    from contracts.features import FeatureSpec, encode_example
 
     rng = np.random.default_rng(seed)
     templates = _digit_templates()
@@ -135,7 +130,7 @@ def write_digits_dataset(root: Path, num_records: int, seed: int = 0) -> None:
                     writer.write(serialized)
                     longest = max(longest, length)
             path = root / name
-            shards.append(ShardInfo(name, records, sha256_file(path), path.stat().st_size))
+            shards.append(ShardInfo(name, records, file_sha256(path), path.stat().st_size))
         splits[split] = SplitInfo(split, tuple(shards))
         statistics[split] = {
             "num_records": count,
@@ -168,9 +163,9 @@ def python_batches(
     from PIL import Image
     from tensorflow.core.example import example_pb2
 
-    from research.data.features import token_ids_key
+    from contracts.dataset_manifest import load_manifest
+    from contracts.features import token_ids_key
     from research.data.input_pipeline import default_sequence_length
-    from research.data.manifest import load_manifest
 
     manifest = load_manifest(dataset_dir)
     ids = {n: {v: i for i, v in enumerate(s.vocabulary)} for n, s in manifest.features.items()}
@@ -229,9 +224,9 @@ def eager_tf_batches(
     """
     import tensorflow as tf
 
-    from research.data.features import parsing_spec, token_ids_key
+    from contracts.dataset_manifest import load_manifest
+    from contracts.features import parsing_spec, token_ids_key
     from research.data.input_pipeline import default_sequence_length
-    from research.data.manifest import load_manifest
 
     manifest = load_manifest(dataset_dir)
     spec = parsing_spec(manifest.features)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import apache_beam as beam
 
-from research.configs import ConfigError
+from contracts.yaml_config import ConfigError
 from research.data import records
 from research.data.pii import mask_pii
 from research.data.records import Record

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from research.configs import ConfigError
-from research.data.manifest import DatasetError
+from contracts.dataset_manifest import DatasetError
+from contracts.yaml_config import ConfigError
 
 USER_ERRORS = (ConfigError, DatasetError)
 
@@ -38,15 +38,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     validate = commands.add_parser(
         "validate",
         help="verify shards against the manifest; compare statistics with a reference",
+        description="Verify a dataset's shards (SHA-256, record counts, schema) against its "
+        "manifest, and with --reference flag statistics that drifted from another dataset. "
+        "Exit codes: 0 passed, 1 failed, 2 not a dataset.",
     )
-    validate.add_argument("dataset", type=Path)
+    validate.add_argument("dataset", type=Path, help="dataset directory (manifest.json + shards)")
     validate.add_argument("--reference", type=Path, help="reference dataset for drift checks")
     validate.add_argument("--split", default="train", help="split compared for drift")
     validate.add_argument("--json", action="store_true", help="print the report as JSON")
     validate.set_defaults(handler=run_validate)
 
-    show = commands.add_parser("show", help="summarise a dataset's manifest")
-    show.add_argument("dataset", type=Path)
+    show = commands.add_parser(
+        "show",
+        help="summarise a dataset's manifest",
+        description="Summarise a dataset: features, splits, record counts and statistics.",
+    )
+    show.add_argument("dataset", type=Path, help="dataset directory (manifest.json + shards)")
     show.set_defaults(handler=run_show)
 
 
@@ -90,7 +97,7 @@ def run_validate(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from research.data.manifest import load_manifest
+    from contracts.dataset_manifest import load_manifest
 
     manifest = load_manifest(args.dataset)
     table = Table(title=f"{manifest.name} ({manifest.spec_hash[:12]})")

@@ -34,8 +34,9 @@ from typing import Any, Literal
 
 import tensorflow as tf
 
-from research.data.features import FeatureSpec, parsing_spec, token_ids_key
-from research.data.manifest import DatasetError, Manifest, load_manifest, sha256_file
+from contracts.dataset_manifest import DatasetError, Manifest, load_manifest
+from contracts.digests import file_sha256
+from contracts.features import FeatureSpec, parsing_spec, token_ids_key
 
 PAD_ID = 0
 UNK_ID = 1
@@ -93,7 +94,7 @@ def verify_shards(
             raise DatasetError(
                 f"{path}: shard {shard.path!r} has {size} bytes, the manifest says {shard.num_bytes}"
             )
-        if verify == "sha256" and sha256_file(path) != shard.sha256:
+        if verify == "sha256" and file_sha256(path) != shard.sha256:
             raise DatasetError(
                 f"{path}: shard {shard.path!r} does not match its SHA-256 in the manifest"
             )

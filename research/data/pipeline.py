@@ -24,21 +24,21 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from research.configs import ConfigError
-from research.data import records
-from research.data.categories import CategoryVocabularies
-from research.data.clean import CleanRecords
-from research.data.dedup import DeduplicateExact, DeduplicateNear
-from research.data.features import FeatureSpec
-from research.data.manifest import (
+from contracts.atomic_files import write_json_atomically
+from contracts.dataset_manifest import (
     MANIFEST_FILE,
     DatasetExistsError,
     Manifest,
     ShardInfo,
     SplitInfo,
-    write_json_atomically,
     write_manifest,
 )
+from contracts.features import FeatureSpec
+from contracts.yaml_config import ConfigError
+from research.data import records
+from research.data.categories import CategoryVocabularies
+from research.data.clean import CleanRecords
+from research.data.dedup import DeduplicateExact, DeduplicateNear
 from research.data.report import REPORT_FILE, build_report
 from research.data.schema import ConformToSchema, resolve_schema
 from research.data.shards import WriteShards, shard_file_name, write_shard

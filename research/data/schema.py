@@ -20,7 +20,7 @@ import apache_beam as beam
 import numpy as np
 from PIL import Image, ImageOps
 
-from research.configs import ConfigError
+from contracts.yaml_config import ConfigError
 from research.data.records import (
     ORIGIN,
     QUARANTINE_TAG,

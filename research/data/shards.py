@@ -19,8 +19,9 @@ from typing import Any
 
 import apache_beam as beam
 
-from research.data.features import FeatureSpec, encode_example, token_ids_key
-from research.data.manifest import ShardInfo, sha256_file
+from contracts.dataset_manifest import ShardInfo
+from contracts.digests import file_sha256
+from contracts.features import FeatureSpec, encode_example, token_ids_key
 from research.data.records import RANK, Record
 from research.data.split import SPLIT
 
@@ -56,7 +57,7 @@ def write_shard(
             writer.write(example)
             written += 1
     return ShardInfo(
-        path=name, num_records=written, sha256=sha256_file(path), num_bytes=os.path.getsize(path)
+        path=name, num_records=written, sha256=file_sha256(path), num_bytes=os.path.getsize(path)
     )
 
 

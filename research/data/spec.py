@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from research.configs import ConfigError, StrictModel, load_yaml_model
+from contracts.yaml_config import ConfigError, StrictModel, load_yaml_model
 
 FieldType = Literal["numeric", "categorical", "text", "image"]
 PiiKind = Literal["email", "phone", "ipv4", "card"]

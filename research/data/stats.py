@@ -1,6 +1,6 @@
 """Per-split dataset statistics, computed by one mergeable Beam combiner.
 
-The output follows the statistics layout in ``research.data.manifest``. Two properties
+The output follows the statistics layout in ``contracts.dataset_manifest``. Two properties
 matter more than speed here, because the statistics are the reference that later
 datasets are checked against for drift:
 
@@ -23,8 +23,8 @@ from typing import Any
 
 import apache_beam as beam
 
-from research.data.features import FeatureSpec, token_ids_key
-from research.data.manifest import QUANTILES
+from contracts.dataset_manifest import QUANTILES
+from contracts.features import FeatureSpec, token_ids_key
 
 MAX_FREQUENCIES = 1000
 

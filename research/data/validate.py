@@ -31,8 +31,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from research.data.features import FeatureSpec, parsing_spec, token_ids_key
-from research.data.manifest import DatasetError, Manifest, ShardInfo, load_manifest, sha256_file
+from contracts.dataset_manifest import DatasetError, Manifest, ShardInfo, load_manifest
+from contracts.digests import file_sha256
+from contracts.features import FeatureSpec, parsing_spec, token_ids_key
 
 READ_BATCH = 512
 LISTED_RECORDS = 5  # record indices named per finding before "and N more"
@@ -217,7 +218,7 @@ def _verify_shard(
                 "error", "shard.size", f"{label}: {size} bytes, manifest says {shard.num_bytes}"
             )
         )
-    digest = sha256_file(path)
+    digest = file_sha256(path)
     if digest != shard.sha256:
         problems.append(
             Problem(
@@ -311,7 +312,7 @@ class _Findings:
 
 
 class _ExampleChecker:
-    """Holds each record to the encoding contract of ``research.data.features``."""
+    """Holds each record to the encoding contract of ``contracts.features``."""
 
     def __init__(self, features: Mapping[str, FeatureSpec]) -> None:
         from google.protobuf.message import DecodeError

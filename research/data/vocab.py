@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
 import re
-import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -46,7 +44,8 @@ from typing import Any
 
 import apache_beam as beam
 
-from research.data.features import token_ids_key
+from contracts.atomic_files import write_text_atomically
+from contracts.features import token_ids_key
 from research.data.pii import PLACEHOLDERS as PII_PLACEHOLDERS
 from research.data.records import PackRecords, Record, count, unpack_records
 from research.data.spec import PII_KINDS
@@ -281,19 +280,7 @@ class Vocabulary:
         """Write the JSON form atomically, so a reader never sees half a vocabulary."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(self.to_json(), ensure_ascii=False, indent=1)
-        with tempfile.NamedTemporaryFile(
-            "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
-        ) as handle:
-            try:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            except BaseException:
-                handle.close()
-                os.unlink(handle.name)
-                raise
-        os.replace(handle.name, path)
+        write_text_atomically(path, json.dumps(self.to_json(), ensure_ascii=False, indent=1))
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:

@@ -18,8 +18,7 @@ import numpy as np
 import yaml
 from PIL import Image
 
-from research.data.features import decode_example
-from research.data.manifest import load_manifest
+from contracts.dataset_manifest import load_manifest
 from slipway.cli import main as slipway_main
 
 EXAMPLE_SPECS = Path(__file__).resolve().parents[2] / "examples" / "data"
@@ -191,3 +190,15 @@ def luhn_valid(digits: str) -> bool:
         value = int(char) * (2 if position % 2 else 1)
         total += value - 9 if value > 9 else value
     return total % 10 == 0
+
+
+def decode_example(serialized: bytes) -> dict[str, list[Any]]:
+    """Plain-Python view of an Example: key -> list of values."""
+    from tensorflow.core.example import example_pb2
+
+    example = example_pb2.Example.FromString(serialized)
+    out: dict[str, list[Any]] = {}
+    for key, feature in example.features.feature.items():
+        kind = feature.WhichOneof("kind")
+        out[key] = list(getattr(feature, kind).value) if kind else []
+    return out

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from contracts.dataset_manifest import load_manifest
 from research.data.input_pipeline import PAD_ID, make_dataset
-from research.data.manifest import load_manifest
 from research.data.pipeline import BuildResult, build_dataset
 from research.data.spec import load_spec
 from research.data.synthetic import GroundTruth, write_corpus_jsonl

@@ -8,7 +8,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from research.configs import ConfigError
+from contracts.yaml_config import ConfigError
 from research.data.clean import CleanRecords, clean_record, compile_rules
 from research.data.records import METRICS_NAMESPACE
 from research.data.spec import CleanSpec, FieldSchema

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from research.configs import ConfigError, StrictModel, load_yaml_model
+from contracts.yaml_config import ConfigError, StrictModel, load_yaml_model
 
 
 class Training(StrictModel):

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from research.configs import ConfigError
+from contracts.dataset_manifest import load_manifest
+from contracts.yaml_config import ConfigError
 from research.data import shards
-from research.data.manifest import load_manifest
 from research.data.pipeline import build_dataset
 from research.data.spec import load_spec
 from slipway.cli import build_parser
@@ -373,3 +376,27 @@ def test_help_lists_only_commands_that_run(
         error = capsys.readouterr().err
         assert code in (1, 2), leaf
         assert "Traceback" not in error
+
+
+def test_tables_written_to_a_pipe_keep_every_column(table: Path, drifted: Path) -> None:
+    piped = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slipway",
+            "data",
+            "validate",
+            str(drifted),
+            "--reference",
+            str(table),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={key: value for key, value in os.environ.items() if key != "COLUMNS"},
+    )
+    assert piped.returncode == 1, piped.stderr  # the drift is reported, in full
+    lines = piped.stdout.splitlines()
+    assert max(map(len, lines)) > 80, "the table fits 80 columns: it proves nothing here"
+    assert not any("…" in line for line in lines), piped.stdout

@@ -13,21 +13,15 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from research.data.features import TOKEN_IDS_SUFFIX, FeatureSpec, encode_example
+from contracts.dataset_manifest import DatasetError, Manifest, ShardInfo, SplitInfo, write_manifest
+from contracts.digests import file_sha256
+from contracts.features import TOKEN_IDS_SUFFIX, FeatureSpec, encode_example
 from research.data.input_pipeline import (
     PAD_ID,
     UNK_ID,
     ImageAugmentation,
     describe_inputs,
     make_dataset,
-)
-from research.data.manifest import (
-    DatasetError,
-    Manifest,
-    ShardInfo,
-    SplitInfo,
-    sha256_file,
-    write_manifest,
 )
 
 Record = dict[str, Any]
@@ -70,7 +64,7 @@ def write_dataset(
                         if key.endswith(TOKEN_IDS_SUFFIX)
                     }
                     writer.write(encode_example(record, specs, token_ids))
-            infos.append(ShardInfo(name, len(records), sha256_file(path), os.path.getsize(path)))
+            infos.append(ShardInfo(name, len(records), file_sha256(path), os.path.getsize(path)))
         split_infos[split] = SplitInfo(split, tuple(infos))
     manifest = Manifest(
         name="fixture",

@@ -15,7 +15,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
-from research.configs import ConfigError
+from contracts.yaml_config import ConfigError
 from research.data.records import METRICS_NAMESPACE, ORIGIN, QUARANTINE_TAG, RANK
 from research.data.schema import (
     ConformError,

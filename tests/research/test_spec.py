@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from research.configs import ConfigError
+from contracts.yaml_config import ConfigError
 from research.data.spec import DatasetSpec, load_spec
 
 

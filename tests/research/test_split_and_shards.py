@@ -8,13 +8,14 @@ import apache_beam as beam
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from contracts.digests import file_sha256
+from contracts.features import FeatureSpec
 from research.data.categories import CategoryVocabularies, choose_vocabulary, natural_order
-from research.data.features import FeatureSpec, decode_example
-from research.data.manifest import sha256_file
 from research.data.records import content_digest, make_rank
 from research.data.shards import WriteShards, order_key, shard_index
 from research.data.spec import SplitSpec
 from research.data.split import SPLIT, AssignSplit, record_key, split_for_key
+from tests.research.data_fixtures import decode_example
 
 RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 RATIOS = {"train": 0.8, "validation": 0.1, "test": 0.1}
@@ -91,7 +92,7 @@ def test_shards_are_reproducible_and_ordered(tmp_path):
     first = build(tmp_path / "a")
     second = build(tmp_path / "b")
     assert [f.name for f in first] == [f.name for f in second]
-    assert [sha256_file(f) for f in first] == [sha256_file(f) for f in second]
+    assert [file_sha256(f) for f in first] == [file_sha256(f) for f in second]
 
     import tensorflow as tf
 

@@ -14,7 +14,7 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from research.data.features import FeatureSpec, token_ids_key
+from contracts.features import FeatureSpec, token_ids_key
 from research.data.stats import (
     MAX_FREQUENCIES,
     ComputeStatistics,

@@ -14,15 +14,9 @@ from PIL import Image
 from rich.console import Console
 from tensorflow.core.example import example_pb2
 
-from research.data.features import FeatureSpec, encode_example, token_ids_key
-from research.data.manifest import (
-    Manifest,
-    ShardInfo,
-    SplitInfo,
-    load_manifest,
-    sha256_file,
-    write_manifest,
-)
+from contracts.dataset_manifest import Manifest, ShardInfo, SplitInfo, load_manifest, write_manifest
+from contracts.digests import file_sha256
+from contracts.features import FeatureSpec, encode_example, token_ids_key
 from research.data.stats import StatisticsCombineFn
 from research.data.validate import (
     Drift,
@@ -114,7 +108,7 @@ def write_dataset(
                 ShardInfo(
                     path=relative,
                     num_records=len(records),
-                    sha256=sha256_file(root / relative),
+                    sha256=file_sha256(root / relative),
                     num_bytes=(root / relative).stat().st_size,
                 )
             )

@@ -14,7 +14,7 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from research.data.features import token_ids_key
+from contracts.features import token_ids_key
 from research.data.vocab import (
     BOS_ID,
     EOS_ID,

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from research.data.features import FeatureSpec, features_from_json, features_to_json
+from contracts.atomic_files import write_json_atomically
+from contracts.features import FeatureSpec, features_from_json, features_to_json
 
 MANIFEST_FILE = "manifest.json"
 FORMAT = "slipway.dataset/1"
@@ -166,25 +166,5 @@ def load_manifest(root: str | Path) -> Manifest:
         raise DatasetError(f"{path}: malformed manifest: {exc!r}") from None
 
 
-def write_json_atomically(path: str | Path, data: Any) -> None:
-    """Write JSON so that a reader sees the old file or the new one, never half of one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=2, sort_keys=False)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def write_manifest(root: str | Path, manifest: Manifest) -> None:
     write_json_atomically(Path(root) / MANIFEST_FILE, manifest.to_json())
-
-
-def sha256_file(path: str | Path, chunk_size: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(chunk_size):
-            digest.update(chunk)
-    return digest.hexdigest()

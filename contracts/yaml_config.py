@@ -2,7 +2,10 @@
 
 A config error must name the file, the line and the dotted key path
 (``spec.yaml:12: training.batch_size: expected int, got 'abc'``) because the
-people editing these files are not reading Python tracebacks.
+people editing these files are not reading Python tracebacks. Every YAML file Slipway
+reads (experiment and data specs, tuning spaces, analysis configs, the gateway's
+``gateway.yaml`` and its routing file) goes through this module, so they all report
+mistakes the same way.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+KeyLines = dict[tuple[Any, ...], int]
 
 _EXPECTED_BY_ERROR_TYPE = {
     "int_parsing": "int",
@@ -30,6 +34,8 @@ _EXPECTED_BY_ERROR_TYPE = {
     "model_type": "mapping",
     "model_attributes_type": "mapping",
 }
+# Errors whose message is a config author's own sentence: the value is left for it to name.
+_OWN_MESSAGE_TYPES = ("value_error", "assertion_error")
 
 
 class StrictModel(BaseModel):
@@ -42,13 +48,12 @@ class ConfigError(ValueError):
     """A config file is unreadable or invalid; the message names file, line and key."""
 
 
-def _line_map(node: yaml.Node, path: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> None:
+def _line_map(node: yaml.Node, path: tuple[Any, ...], lines: KeyLines) -> None:
     """Record the 1-based line of every key path in a composed YAML tree."""
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             key = key_node.value
-            lines[(*path, key)] = key_node.start_mark.line + 1
             _line_map(value_node, (*path, key), lines)
             lines[(*path, key)] = key_node.start_mark.line + 1
     elif isinstance(node, yaml.SequenceNode):
@@ -59,23 +64,24 @@ def _line_map(node: yaml.Node, path: tuple[Any, ...], lines: dict[tuple[Any, ...
 def _describe(error: dict[str, Any]) -> str:
     """Turn one pydantic error into 'expected X, got Y' wording where we can."""
     kind = error["type"]
+    received = error.get("input")
     if kind == "extra_forbidden":
         return "unknown key"
     if kind == "missing":
         return "required key is missing"
     expected = _EXPECTED_BY_ERROR_TYPE.get(kind)
     if expected is not None:
-        return f"expected {expected}, got {error.get('input')!r}"
+        return f"expected {expected}, got {received!r}"
     if kind == "literal_error":
         allowed = error.get("ctx", {}).get("expected", "")
-        return f"expected one of {allowed}, got {error.get('input')!r}"
-    message = error["msg"]
-    return message.removeprefix("Value error, ")
+        return f"expected one of {allowed}, got {received!r}"
+    message = error["msg"].removeprefix("Value error, ")
+    if kind in _OWN_MESSAGE_TYPES or isinstance(received, dict | list):
+        return message
+    return f"{message}, got {received!r}"
 
 
-def _format_errors(
-    exc: pydantic.ValidationError, data: Any, source: str, lines: dict[tuple[Any, ...], int]
-) -> str:
+def _format_errors(exc: pydantic.ValidationError, data: Any, source: str, lines: KeyLines) -> str:
     messages = []
     for error in exc.errors():
         loc = _path_in_data(error["loc"], data)
@@ -87,7 +93,8 @@ def _format_errors(
 
 
 def _path_in_data(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
-    """Drop the location parts pydantic adds that are not keys in the file (union tags)."""
+    """Drop the location parts pydantic adds that are not keys in the file (union tags,
+    ``[key]`` after a mapping key that failed validation)."""
     path: list[Any] = []
     node = data
     for index, part in enumerate(loc):
@@ -107,18 +114,40 @@ def _path_in_data(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
     return tuple(path)
 
 
-def _nearest_line(loc: tuple[Any, ...], lines: dict[tuple[Any, ...], int]) -> int | None:
+def _nearest_line(loc: tuple[Any, ...], lines: KeyLines) -> int | None:
     for end in range(len(loc), -1, -1):
         if loc[:end] in lines:
             return lines[loc[:end]]
     return None
 
 
+def read_config_text(path: str | Path) -> str:
+    """The text of a config file; a missing or unreadable file is a ConfigError naming it."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+
+
+def parse_yaml(text: str, *, source: str) -> Any:
+    """The data in YAML (or JSON) ``text``; invalid YAML is a ConfigError at its line."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+
+
 def parse_model(
     data: Any, model: type[ModelT], *, source: str = "<config>", text: str = ""
 ) -> ModelT:
     """Validate already-parsed data; ``text`` (the YAML source) lets errors carry line numbers."""
-    lines: dict[tuple[Any, ...], int] = {}
+    lines: KeyLines = {}
     if text:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         if node is not None:
@@ -130,21 +159,12 @@ def parse_model(
 
 
 def load_yaml_model(path: str | Path, model: type[ModelT]) -> ModelT:
-    """Read a YAML (or JSON) file into ``model``; every failure is a ConfigError."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    """Read a YAML (or JSON) file into ``model``; every failure is a ConfigError.
+
+    An empty file is an empty mapping: every key takes its default.
+    """
+    text = read_config_text(path)
+    data = parse_yaml(text, source=str(path))
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{path}:1: <root>: expected mapping, got {type(data).__name__}")
     return parse_model(data, model, source=str(path), text=text)

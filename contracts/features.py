@@ -129,18 +129,6 @@ def encode_example(
     return example.SerializeToString()
 
 
-def decode_example(serialized: bytes) -> dict[str, list[Any]]:
-    """Plain-Python view of an Example: key -> list of values (for checks and tests)."""
-    from tensorflow.core.example import example_pb2
-
-    example = example_pb2.Example.FromString(serialized)
-    out: dict[str, list[Any]] = {}
-    for key, feature in example.features.feature.items():
-        kind = feature.WhichOneof("kind")
-        out[key] = list(getattr(feature, kind).value) if kind else []
-    return out
-
-
 def parsing_spec(features: Mapping[str, FeatureSpec]) -> dict[str, Any]:
     """The ``tf.io.parse_example`` spec that reads what ``encode_example`` wrote."""
     import tensorflow as tf
