@@ -50,8 +50,10 @@ def publish_models(root: Path) -> dict[str, Any]:
     to fail the 20 % of requests whose inputs hash low; returns the signature."""
     import tf_keras as keras
 
+    from contracts.model_manifest import write_model_manifest
+    from contracts.model_repository import publish_version
     from slipway.demo_rollout import publish_faulty_version
-    from training.export import publish_version, save_serving_model, write_model_manifest
+    from training.export import save_serving_model
 
     keras.utils.set_random_seed(0)
     features = keras.Input((FEATURES,), name="features")

@@ -71,7 +71,9 @@ def publish_model(root: Path) -> Path:
     """An MLP as training exports it, published as ``root/mlp/1``."""
     import tf_keras as keras
 
-    from training.export import publish_version, save_serving_model, write_model_manifest
+    from contracts.model_manifest import write_model_manifest
+    from contracts.model_repository import publish_version
+    from training.export import save_serving_model
 
     keras.utils.set_random_seed(0)
     features = keras.Input((FEATURES,), name="features")

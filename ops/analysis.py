@@ -22,9 +22,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
+from contracts.yaml_config import StrictModel, load_yaml_model
 from ops import stats
 from ops.measurement import Measurement, SideMeasurement
-from research.configs.loading import StrictModel, load_yaml_model
 
 LATENCY_QUANTILE = 0.99
 

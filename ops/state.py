@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 import time
 import uuid
 from enum import StrEnum
@@ -34,6 +33,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from contracts.atomic_files import write_text_atomically
 from serving.routing import CANARY, STABLE, ModelRouting, ShadowRoute
 
 DEFAULT_STATE_DIR = Path("~/.slipway/rollouts")
@@ -313,7 +313,7 @@ class StateStore:
         previous state or this one, never a torn file."""
         path = self.state_path(state.model)
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(path, state.model_dump_json(indent=2) + "\n")
+        write_text_atomically(path, state.model_dump_json(indent=2) + "\n")
 
     def archive(self, model: str) -> None:
         """Move the latest (finished) rollout and its events into ``history/<id>``."""
@@ -372,7 +372,7 @@ class StateStore:
         folder = self.model_dir(model) / "requests"
         folder.mkdir(parents=True, exist_ok=True)
         name = f"{time.time_ns():020d}-{request.id}.json"
-        _write_atomically(folder / name, request.model_dump_json() + "\n")
+        write_text_atomically(folder / name, request.model_dump_json() + "\n")
         return request
 
     def pending_requests(self, model: str) -> list[tuple[Path, OperatorRequest | str]]:
@@ -458,22 +458,3 @@ def _read_state(path: Path) -> RolloutState | None:
             for error in exc.errors()[:5]
         )
         raise StateError(f"{path}: not a rollout state: {problems}") from None
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)

@@ -31,8 +31,8 @@ import pydantic
 from aiohttp import web
 
 from serving.batching import BatchingConfig
-from serving.core import Gateway
 from serving.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from serving.gateway import Gateway
 from serving.rest_api import read_json
 from serving.routing import ModelRouting, RoutingConfig
 

@@ -47,10 +47,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from serving.errors import DeadlineExceeded, Internal, InvalidArgument, ServingError, Unavailable
+from serving.signature import Tensors
 
 logger = logging.getLogger(__name__)
 
-Tensors = dict[str, np.ndarray]
 RunFn = Callable[[Tensors], Tensors]
 
 
@@ -132,7 +132,8 @@ def merge_inputs(
     requests: Sequence[Tensors], allowed_sizes: Sequence[int]
 ) -> tuple[Tensors, _Layout]:
     """Concatenate requests along the batch axis, padding lengths and the batch size."""
-    rows = [len(next(iter(request.values()))) for request in requests]
+    # A request with scalar inputs has no rows; it never shares a batch, so it passes through.
+    rows = [_request_rows(request) or 0 for request in requests]
     total = sum(rows)
     padded_rows = next((size for size in allowed_sizes if size >= total), total)
     starts = np.cumsum([0, *rows]).tolist()
@@ -286,10 +287,6 @@ class Batcher:
         self._executions: set[asyncio.Task[None]] = set()
         self._closing = False
         self._reported_depth = 0
-
-    @property
-    def config(self) -> BatchingConfig:
-        return self._config
 
     @property
     def queue_depth(self) -> int:

@@ -1,4 +1,8 @@
-"""``slipway serve``: the TensorFlow Serving-compatible gateway."""
+"""The ``serve`` sub-command: start the TensorFlow Serving-compatible gateway.
+
+Only argparse is imported here, so ``slipway --help`` stays instant; the gateway and
+TensorFlow load when the command runs.
+"""
 
 from __future__ import annotations
 
@@ -9,24 +13,62 @@ from typing import Any
 
 DEFAULT_GRPC_PORT = 8500
 DEFAULT_REST_PORT = 8501
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser(
         "serve",
         help="serve a model repository over TensorFlow Serving's gRPC and REST APIs",
-        description="Serve <model-root>/<model>/<version>/ (SavedModel or TFLite) with "
-        "TensorFlow Serving's gRPC and REST APIs, dynamic batching, canary routing, "
-        "Prometheus metrics and an admin API. Stops gracefully on SIGTERM.",
+        description="Serve every model under MODEL_ROOT, laid out as <model>/<version>/ "
+        "(SavedModel or TFLite), with TensorFlow Serving's gRPC and REST APIs, dynamic "
+        "batching, canary routing, Prometheus metrics at /metrics and an admin API. New "
+        "versions are loaded while serving. SIGTERM stops the gateway gracefully: it "
+        "reports not ready, finishes the requests in flight, then exits.",
     )
-    serve.add_argument("--model-root", type=Path, required=True, help="model repository")
-    serve.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT)
-    serve.add_argument("--rest-port", type=int, default=DEFAULT_REST_PORT)
-    serve.add_argument("--host", default="0.0.0.0", help="address to listen on")
     serve.add_argument(
-        "--config", type=Path, help="gateway.yaml: routing file, batching, backends, TLS, admin"
+        "--model-root",
+        type=Path,
+        required=True,
+        metavar="MODEL_ROOT",
+        help="Model repository to serve, one directory per model and one numbered "
+        "directory per version inside it.",
     )
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--grpc-port",
+        type=int,
+        default=DEFAULT_GRPC_PORT,
+        metavar="PORT",
+        help="Port of the gRPC API (PredictionService, ModelService and health checks). "
+        "Default: %(default)s, TensorFlow Serving's gRPC port.",
+    )
+    serve.add_argument(
+        "--rest-port",
+        type=int,
+        default=DEFAULT_REST_PORT,
+        metavar="PORT",
+        help="Port of the REST API, /metrics, /healthz, /readyz and the admin API. "
+        "Default: %(default)s, TensorFlow Serving's REST port.",
+    )
+    serve.add_argument(
+        "--host",
+        default="0.0.0.0",
+        help="Address both ports listen on; 127.0.0.1 keeps the gateway off the network. "
+        "Default: %(default)s (every interface).",
+    )
+    serve.add_argument(
+        "--config",
+        type=Path,
+        metavar="GATEWAY_YAML",
+        help="Gateway settings: batching, version policies, remote backends, TLS, the admin "
+        "token and the shared routing file. Without it every setting takes its default.",
+    )
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=LOG_LEVELS,
+        help="Least severe log messages written to standard error. Default: %(default)s.",
+    )
     serve.set_defaults(handler=run_serve)
 
 
@@ -54,9 +96,8 @@ def __getattr__(name: str) -> Any:
     """``USER_ERRORS``, imported only when asked for: the modules defining these errors
     import TensorFlow, and ``slipway --help`` must stay instant."""
     if name == "USER_ERRORS":
-        from serving.config import ConfigError
-        from serving.routing import RoutingConfigError
+        from contracts.yaml_config import ConfigError
         from serving.server import StartupError
 
-        return (ConfigError, RoutingConfigError, StartupError)
+        return (ConfigError, StartupError)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

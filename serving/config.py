@@ -14,20 +14,14 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import pydantic
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contracts.yaml_config import ConfigError, load_yaml_model
 from serving.batching import BatchingConfig
 from serving.repository import VersionPolicy
-from serving.yaml_errors import explain, key_lines
 
 MIB = 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 64 * MIB
-
-
-class ConfigError(ValueError):
-    """The gateway config is unreadable or invalid; the message names file, line and key."""
 
 
 class _Section(BaseModel):
@@ -149,40 +143,11 @@ class GatewayConfig(_Section):
 
 
 def load_config(path: str | Path | None) -> GatewayConfig:
-    """Read ``gateway.yaml``; None gives the defaults. Every failure is a ConfigError."""
+    """Read ``gateway.yaml``; None gives the defaults. Every failure is a ``ConfigError``."""
     if path is None:
         return GatewayConfig()
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read: {exc}") from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError(
-            f"{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}"
-        ) from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}:1: expected a mapping at the top level")
-    lines = key_lines(node)
-    try:
-        config = GatewayConfig.model_validate(data)
-    except pydantic.ValidationError as exc:
-        raise ConfigError(
-            "\n".join(
-                explain(error, str(path), lines, not_keys=("local", "remote"))
-                for error in exc.errors()
-            )
-        ) from None
-    return _resolve_paths(config, path.parent)
+    return _resolve_paths(load_yaml_model(path, GatewayConfig), path.parent)
 
 
 def _resolve_paths(config: GatewayConfig, base: Path) -> GatewayConfig:

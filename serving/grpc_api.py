@@ -33,21 +33,17 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from serving.core import (
-    CLASSIFY_METHOD,
-    DEFAULT_SIGNATURE,
-    REGRESS_METHOD,
-    ClassifyResult,
-    Gateway,
-    ModelMetadata,
-    RegressResult,
-)
 from serving.errors import InvalidArgument, ServingError
+from serving.gateway import ClassifyResult, Gateway, ModelMetadata, RegressResult
 from serving.repository import VersionStatus
+from serving.signature import DEFAULT_SIGNATURE
 from serving.tensors import numpy_to_tensor_proto, tensor_proto_to_numpy
 
 logger = logging.getLogger(__name__)
 
+# The method names MultiInference tasks give (those of TF Serving's signature kinds).
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
 SIGNATURE_DEF_FIELD = "signature_def"
 AUTHORIZATION_KEY = "authorization"
 

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import grpc
 import numpy as np
 
+from contracts.model_manifest import unsafe_links, verify_files
 from serving.backends import Backend, open_backend
 from serving.errors import (
     DataLoss,
@@ -37,14 +38,7 @@ from serving.errors import (
     ServingError,
     as_serving_error,
 )
-from serving.model_files import (
-    model_format,
-    read_model_manifest,
-    safe_join,
-    unsafe_links,
-    validate_model_name,
-    verify_files,
-)
+from serving.model_files import model_format, read_model_manifest, safe_join, validate_model_name
 from serving.signature import Signature
 from serving.warmup import warm_up
 
@@ -138,12 +132,6 @@ class Servable:
         return self.backend.signatures
 
     @property
-    def labels(self) -> dict[str, Any]:
-        """Class names per output from slipway.json (empty for a plain SavedModel)."""
-        labels = (self.manifest or {}).get("labels")
-        return labels if isinstance(labels, dict) else {}
-
-    @property
     def in_flight(self) -> int:
         return self._in_flight
 
@@ -231,7 +219,6 @@ class ModelRepository:
         self._warmup = warmup
         self._models: dict[str, dict[int, _Version]] = {}
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
         self._poll_lock = threading.Lock()
         self._notify_lock = threading.Lock()
         self._listeners: list[Listener] = []
@@ -287,28 +274,6 @@ class ModelRepository:
                 )
             assert record.servable is not None
             return record.servable
-
-    def wait_for(
-        self,
-        model: str,
-        version: int,
-        states: Iterable[VersionState],
-        timeout: float | None = None,
-    ) -> VersionStatus:
-        """Block until the version reaches one of ``states``; ``TimeoutError`` otherwise."""
-        wanted = set(states)
-
-        def reached() -> bool:
-            record = self._models.get(model, {}).get(version)
-            return record is not None and record.state in wanted
-
-        with self._changed:
-            if not self._changed.wait_for(reached, timeout):
-                raise TimeoutError(
-                    f"model {model!r} version {version} did not reach "
-                    f"{'/'.join(s.name for s in wanted)} within {timeout} s"
-                )
-            return self._models[model][version].status()
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(model, status)`` on every state change, from the thread that
@@ -573,11 +538,10 @@ class ModelRepository:
         calling ``poll`` or ``stop``.
         """
         with self._notify_lock:
-            with self._changed:
+            with self._lock:
                 record.state = state
                 record.error = error
                 self._models.setdefault(model, {})[record.number] = record
-                self._changed.notify_all()
                 listeners = list(self._listeners)
             status = record.status()
             for listener in listeners:

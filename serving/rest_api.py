@@ -25,16 +25,15 @@ from google.protobuf import json_format
 from tensorflow.core.example.example_pb2 import Example
 from tensorflow.core.example.feature_pb2 import Feature
 
-from serving.core import DEFAULT_SIGNATURE, Gateway
 from serving.errors import InvalidArgument, NotFound, ServingError
+from serving.gateway import Gateway
 from serving.grpc_api import SIGNATURE_DEF_FIELD, model_status_response, signature_def_map
-from serving.signature import Signature
+from serving.signature import DEFAULT_SIGNATURE, Signature
 from serving.tensors import decode_b64, is_b64, json_to_inputs, outputs_to_predictions
 
 logger = logging.getLogger(__name__)
 
 TIMEOUT_HEADER = "X-Request-Timeout-Ms"
-JSON_TYPE = "application/json"
 
 _MODEL_PATH = re.compile(
     r"^/v1/models/(?P<model>[^/:]+)"

@@ -23,20 +23,18 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import random
-import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Protocol
 
-import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
 
+from contracts.atomic_files import write_text_atomically
+from contracts.yaml_config import ConfigError, parse_model, parse_yaml, read_config_text
 from serving.errors import InvalidArgument, NotFound
-from serving.yaml_errors import explain, key_lines
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +53,7 @@ HeaderName = Annotated[
 ]
 
 
-class RoutingConfigError(ValueError):
+class RoutingConfigError(ConfigError):
     """The routing file is unreadable or invalid; the message names file, line and key."""
 
 
@@ -124,36 +122,25 @@ _NO_ROUTING = ModelRouting()
 def parse_routing(text: str, *, source: str = "<routing>") -> RoutingConfig:
     """Parse YAML or JSON text (JSON is YAML) into a validated ``RoutingConfig``."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        problem = getattr(exc, "problem", None) or exc
-        raise RoutingConfigError(f"{where}: invalid YAML: {problem}") from None
-    if data is None:
+        data = parse_yaml(text, source=source)
+        config = (
+            None if data is None else parse_model(data, RoutingConfig, source=source, text=text)
+        )
+    except ConfigError as exc:
+        raise RoutingConfigError(str(exc)) from None
+    if config is None:
         # An empty file is what a reader sees while a non-atomic writer is half-way through;
         # taking it as "no routing" would drop every label at once.
         raise RoutingConfigError(f"{source}: empty routing file (write 'models: {{}}' for none)")
-    if not isinstance(data, dict):
-        raise RoutingConfigError(f"{source}:1: expected a mapping at the top level")
-    lines = key_lines(node)
-    try:
-        return RoutingConfig.model_validate(data)
-    except pydantic.ValidationError as exc:
-        messages = [explain(error, source, lines, not_keys=("[key]",)) for error in exc.errors()]
-        raise RoutingConfigError("\n".join(messages)) from None
+    return config
 
 
 def load_routing(path: str | Path) -> RoutingConfig:
     """Read a routing file; every failure is a ``RoutingConfigError``."""
-    path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RoutingConfigError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RoutingConfigError(f"{path}: cannot read: {exc}") from None
+        text = read_config_text(path)
+    except ConfigError as exc:
+        raise RoutingConfigError(str(exc)) from None
     return parse_routing(text, source=str(path))
 
 
@@ -167,29 +154,11 @@ def dump_routing(config: RoutingConfig, *, as_json: bool) -> str:
 def write_routing(path: str | Path, config: RoutingConfig) -> None:
     """Replace the routing file atomically (JSON for ``*.json``, YAML otherwise).
 
-    Readers on other replicas poll the file; writing a temporary file in the same directory,
-    syncing it and renaming it over the old one means they see the old or the new config,
-    never a mixture, even across a crash.
+    Readers on other replicas poll the file; an atomic replace means they see the old or
+    the new config, never a mixture, even across a crash.
     """
     path = Path(path)
-    text = dump_routing(config, as_json=path.suffix.lower() == ".json")
-    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as temp:
-            temp.write(text)
-            temp.flush()
-            os.fsync(temp.fileno())
-        os.chmod(temp_name, 0o644)
-        os.replace(temp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp_name)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    write_text_atomically(path, dump_routing(config, as_json=path.suffix.lower() == ".json"))
 
 
 # --------------------------------------------------------------------------- watcher
@@ -240,10 +209,6 @@ class RoutingWatcher:
     def last_error(self) -> str | None:
         """Why the file on disk is not the config in use, or None if it is."""
         return self._error
-
-    def poll(self) -> bool:
-        """Check the file now (blocking); True if a new config was applied."""
-        return self._apply(self._look())
 
     async def refresh(self) -> bool:
         """Check the file now without blocking the event loop; True if a new config was applied."""

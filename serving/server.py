@@ -27,7 +27,7 @@ from tensorflow_serving.apis import (
 
 from serving.admin import AdminApi, AdminAuth
 from serving.config import GatewayConfig, ServerTLS
-from serving.core import Gateway
+from serving.gateway import Gateway
 from serving.grpc_api import ModelService, PredictionService
 from serving.health import Health
 from serving.rest_api import build_app

@@ -16,11 +16,18 @@ from typing import TYPE_CHECKING, Any
 import ml_dtypes
 import numpy as np
 
+from contracts.model_manifest import SIGNATURE_KEY
+
 if TYPE_CHECKING:
     from tensorflow.core.protobuf.meta_graph_pb2 import SignatureDef
 
 PREDICT_METHOD = "tensorflow/serving/predict"
+# The signature a request runs when it names none: the key every export writes.
+DEFAULT_SIGNATURE = SIGNATURE_KEY
 STRING = np.dtype(object)
+
+# Named tensors, as requests carry them and models take and return them.
+Tensors = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -189,7 +196,7 @@ class Signature:
                 raise ValueError(f"signature: {key!r} must be an object")
             sections[key] = {name: TensorSpec.from_json(name, v) for name, v in section.items()}
         return cls(
-            str(data.get("name", "serving_default")),
+            str(data.get("name", DEFAULT_SIGNATURE)),
             sections["inputs"],
             sections["outputs"],
             str(data.get("method_name", PREDICT_METHOD)),

@@ -18,12 +18,11 @@ import numpy as np
 
 from serving.backends.base import Backend, find_signature
 from serving.errors import InvalidArgument
-from serving.signature import STRING, Signature
+from serving.signature import DEFAULT_SIGNATURE, STRING, Signature
 from serving.validation import validate_inputs
 
 WARMUP_FILE = ("assets.extra", "tf_serving_warmup_requests")
 MAX_WARMUP_RECORDS = 1000  # TensorFlow Serving's limit as well
-DEFAULT_SIGNATURE = "serving_default"
 
 log = logging.getLogger(__name__)
 

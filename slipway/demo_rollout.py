@@ -65,7 +65,8 @@ def publish_faulty_version(
     """
     import tensorflow as tf
 
-    from training.export import publish_version, write_model_manifest
+    from contracts.model_manifest import write_model_manifest
+    from contracts.model_repository import publish_version
 
     loaded = tf.saved_model.load(str(source))
     inner = loaded.signatures[SERVING_SIGNATURE]
@@ -144,7 +145,7 @@ def _sleep(tf: Any, microseconds: int) -> Any:
 
 def publish_copy(source: Path, model_root: Path, model: str, version: int) -> Path:
     """Publish an unchanged copy of a version directory (its slipway.json re-stamped)."""
-    from training.export import publish_version
+    from contracts.model_repository import publish_version
 
     def write(directory: Path) -> None:
         shutil.copytree(source, directory, dirs_exist_ok=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from serving.config import GatewayConfig
-from serving.core import Gateway
+from serving.gateway import Gateway
 from serving.process import (
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,

@@ -19,7 +19,9 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from training.export import publish_version, save_serving_model, write_model_manifest
+from contracts.model_manifest import write_model_manifest
+from contracts.model_repository import publish_version
+from training.export import save_serving_model
 
 MODEL_NAME = "digits"
 CLASSES = [str(i) for i in range(10)]

@@ -93,7 +93,7 @@ def test_concurrent_calls_get_their_own_answers(
 
     def call(index: int) -> dict[str, np.ndarray]:
         if index < 6:
-            start.wait()
+            start.wait(timeout=60)
         return backend.run(SIGNATURE, batches[index])
 
     with futures.ThreadPoolExecutor(6) as pool:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from contracts.yaml_config import ConfigError
 from serving.batching import BatchingConfig
 from serving.config import (
     DEFAULT_MAX_MESSAGE_BYTES,
-    ConfigError,
     GatewayConfig,
     LocalBackend,
     RemoteBackend,
@@ -106,10 +106,13 @@ def test_the_admin_token_comes_from_a_file_or_the_environment(
         ("models:\n  m:\n    backend: {kind: cloud}\n", ":3: models.m.backend:"),
         ("tls:\n  cert: a.pem\n", ":1: tls.key: required key is missing"),
         ("admin: {token_env: A, token_file: b}\n", ":1: admin: give token_env or token_file"),
-        ("max_message_bytes: 0\n", ":1: max_message_bytes:"),
-        ("version_policy: {kind: newest}\n", ":1: version_policy.kind: Input should be 'latest'"),
+        ("max_message_bytes: 0\n", ":1: max_message_bytes: Input should be greater than 0, got 0"),
+        (
+            "version_policy: {kind: newest}\n",
+            ":1: version_policy.kind: expected one of 'latest', 'all' or 'specific', got 'newest'",
+        ),
         ("batching: [1, 2]\n", ":1: batching:"),
-        ("- a list\n", ":1: expected a mapping"),
+        ("- a list\n", ":1: <root>: expected mapping, got list"),
         ("batching: {max_batch_size: 4\n", "invalid YAML"),
     ],
 )

@@ -8,15 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from contracts.model_manifest import list_files, verify_files
 from serving.errors import DataLoss, InvalidArgument, PermissionDenied
-from serving.model_files import (
-    list_files,
-    model_format,
-    read_model_manifest,
-    safe_join,
-    validate_model_name,
-    verify_files,
-)
+from serving.model_files import model_format, read_model_manifest, safe_join, validate_model_name
 from tests.serving import model_factory
 
 
@@ -112,6 +106,15 @@ def test_untrustworthy_manifest_is_data_loss(tmp_path: Path, content: str, messa
     (tmp_path / "slipway.json").write_text(content)
     with pytest.raises(DataLoss, match=message):
         read_model_manifest(tmp_path)
+
+
+def test_a_manifest_symlinked_from_outside_is_data_loss(tmp_path: Path) -> None:
+    version_dir = tmp_path / "1"
+    version_dir.mkdir()
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"format": "slipway.model/1"}))
+    (version_dir / "slipway.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(DataLoss, match="slipway.json: leads outside the version directory"):
+        read_model_manifest(version_dir)
 
 
 def test_files_entry_must_be_an_object(tmp_path: Path) -> None:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from contracts.model_manifest import file_checksums, write_model_manifest
 from serving.backends import Backend, open_backend
 from serving.errors import InvalidArgument, NotFound, Unavailable
 from serving.repository import (
@@ -22,7 +25,6 @@ from serving.repository import (
 )
 from serving.warmup import warm_up
 from tests.serving import model_factory
-from training.export import file_checksums, write_model_manifest
 
 MODEL = model_factory.MODEL_NAME
 SIGNATURE = "serving_default"
@@ -66,6 +68,39 @@ class Events:
 
     def states(self, version: int) -> list[VersionState]:
         return [s.state for _, s in self.seen if s.version == version]
+
+
+def wait_for(
+    repository: ModelRepository,
+    model: str,
+    version: int,
+    states: Iterable[VersionState],
+    timeout: float,
+) -> VersionStatus:
+    """Block until the version reaches one of ``states``; ``TimeoutError`` otherwise.
+
+    Woken by the repository's listener on every change, so nothing here sleeps.
+    """
+    wanted = set(states)
+    changed = threading.Event()
+
+    def listener(_model: str, _status: VersionStatus) -> None:
+        changed.set()
+
+    repository.add_listener(listener)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            changed.clear()  # before looking, so a change after the look is not missed
+            statuses = repository.status(model) if model in repository.models() else []
+            reached = [s for s in statuses if s.version == version and s.state in wanted]
+            if reached:
+                return reached[0]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not changed.wait(remaining):
+                raise TimeoutError(f"{model} version {version} did not reach {wanted}")
+    finally:
+        repository.remove_listener(listener)
 
 
 def predict(repository: ModelRepository, version: int | None = None) -> dict[str, np.ndarray]:
@@ -156,10 +191,10 @@ def test_new_version_is_loaded_and_warmed_up_before_it_is_available(root: Path, 
     assert repository.versions(MODEL) == [1]
 
     model_factory.publish(root, 2)
-    assert repository.wait_for(MODEL, 2, [AVAILABLE, END], timeout=60) == VersionStatus(
+    assert wait_for(repository, MODEL, 2, [AVAILABLE, END], timeout=60) == VersionStatus(
         2, AVAILABLE
     )
-    repository.wait_for(MODEL, 1, [END], timeout=60)
+    wait_for(repository, MODEL, 1, [END], timeout=60)
 
     assert warmups == [(1, VersionState.LOADING, []), (2, VersionState.LOADING, [1])]
     assert events.states(2) == [VersionState.START, VersionState.LOADING, AVAILABLE]
@@ -191,8 +226,8 @@ def test_removed_version_unloads_after_requests_in_flight(root: Path, make) -> N
         # The request already in flight still completes on the old version.
         assert servable.run(SIGNATURE, model_factory.sample_inputs(1))["value"].shape == (1, 1)
         with pytest.raises(TimeoutError):
-            repository.wait_for(MODEL, 1, [END], timeout=0.2)
-    assert repository.wait_for(MODEL, 1, [END], timeout=30) == VersionStatus(1, END)
+            wait_for(repository, MODEL, 1, [END], timeout=0.2)
+    assert wait_for(repository, MODEL, 1, [END], timeout=30) == VersionStatus(1, END)
     with pytest.raises(Unavailable):
         servable.backend.run(SIGNATURE, model_factory.sample_inputs(1))
     assert predict(repository, 2)["label"].shape == (2, 10)
@@ -205,7 +240,7 @@ def test_unloading_stops_waiting_after_the_timeout(root: Path, make) -> None:
     with repository.servable(MODEL, 1):
         shutil.rmtree(root / MODEL / "1")
         repository.poll()
-        assert repository.wait_for(MODEL, 1, [END], timeout=30).state is END
+        assert wait_for(repository, MODEL, 1, [END], timeout=30).state is END
 
 
 # -- refusals -----------------------------------------------------------------------------
@@ -242,7 +277,7 @@ def test_tampered_version_ends_with_data_loss_while_others_serve(root: Path, mak
     model_factory.publish(root, 2)  # republished: a new directory is tried again
     repository.poll()
     assert repository.status(MODEL, 2) == [VersionStatus(2, AVAILABLE)]
-    assert repository.wait_for(MODEL, 1, [END], timeout=30).state is END
+    assert wait_for(repository, MODEL, 1, [END], timeout=30).state is END
 
 
 def test_version_that_fails_to_load_keeps_its_error(root: Path, make) -> None:
@@ -284,7 +319,7 @@ def test_plain_savedmodel_is_served_with_a_warning_unless_strict(
         lenient = make(root)
         lenient.poll()
     assert lenient.versions(MODEL) == [1]
-    assert lenient.servable(MODEL).manifest is None and lenient.servable(MODEL).labels == {}
+    assert lenient.servable(MODEL).manifest is None
     assert "has no slipway.json: serving it unverified" in caplog.text
 
     strict = make(root, strict=True)
@@ -300,7 +335,7 @@ def test_tflite_versions_are_served(root: Path, make) -> None:
     repository.poll()
     servable = repository.servable(MODEL)
     assert servable.version == 4
-    assert servable.labels["label"]["classes"] == model_factory.CLASSES
+    assert servable.manifest["labels"]["label"]["classes"] == model_factory.CLASSES
     inputs = model_factory.sample_inputs(3)
     with servable:
         outputs = servable.run(SIGNATURE, inputs)

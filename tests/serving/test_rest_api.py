@@ -24,6 +24,10 @@ from tests.serving.gateway_process import GatewayThread
 
 pytestmark = pytest.mark.timeout(120)
 
+# A batch window no test outlives: requests to ``queued`` leave its batch only by their
+# own deadline or by being refused, never because time ran out, however slow the machine.
+NEVER_CUT_MICROS = 600_000_000
+
 
 def write_text_model(directory: Path) -> None:
     """A string model: ``text`` [-1] -> ``length`` [-1] and ``echo_bytes`` (the input)."""
@@ -59,7 +63,7 @@ def server(root: Path) -> Iterator[GatewayThread]:
                     "batching": {
                         "max_batch_size": 4,
                         "max_enqueued_batches": 1,
-                        "batch_timeout_micros": 2_000_000,
+                        "batch_timeout_micros": NEVER_CUT_MICROS,
                     }
                 }
             },
@@ -242,7 +246,6 @@ def test_classify_and_regress(server) -> None:
 
 def test_timeout_header_is_honoured(server) -> None:
     inputs = {k: v.tolist() for k, v in model_factory.sample_inputs(1).items()}
-    started = time.monotonic()
     status, answer = http(
         server,
         "POST",
@@ -250,8 +253,9 @@ def test_timeout_header_is_honoured(server) -> None:
         {"inputs": inputs},
         {"X-Request-Timeout-Ms": "100"},
     )
-    assert status == 504 and "deadline" in answer["error"]
-    assert time.monotonic() - started < 1.5  # well before the 2 s batch timeout
+    # Answered when its own deadline passed, while the batch it waited in was still open.
+    assert status == 504 and "deadline exceeded after" in answer["error"]
+    assert "waiting for the model" in answer["error"]
     status, answer = http(
         server,
         "POST",
@@ -294,7 +298,7 @@ def test_probes_and_metrics(server) -> None:
 # -- versions changing under traffic ----------------------------------------------------------
 
 
-def wait_for(condition, what: str, timeout: float = 30.0) -> None:
+def wait_for(condition, what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -313,8 +317,7 @@ def test_hot_swap_under_concurrent_load_fails_no_request(server, root) -> None:
     stop = threading.Event()
 
     def client() -> None:
-        deadline = time.monotonic() + 60
-        while not stop.is_set() and time.monotonic() < deadline:
+        while not stop.is_set():
             results.append(http(server, "POST", "/v1/models/swap:predict", body))
 
     clients = [threading.Thread(target=client) for _ in range(4)]

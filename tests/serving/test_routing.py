@@ -190,7 +190,7 @@ def test_a_reloaded_config_applies_to_the_next_request() -> None:
         ("models:\n  digits:\n    wieght: 0.5\n", "r.yaml:3: models.digits.wieght: unknown key"),
         ("models: [1,\n", "r.yaml:2: invalid YAML"),
         ("", "empty routing file"),
-        ("- 1\n", "expected a mapping"),
+        ("- 1\n", "r.yaml:1: <root>: expected mapping"),
     ],
 )
 def test_invalid_routing_is_refused_with_file_line_and_key(text: str, message: str) -> None:
@@ -237,17 +237,22 @@ def test_load_routing_reports_a_missing_file(tmp_path: Path) -> None:
         load_routing(tmp_path / "absent.yaml")
 
 
+def poll(watcher: RoutingWatcher) -> bool:
+    """One look at the routing file, the one a running watcher takes every interval."""
+    return asyncio.run(watcher.refresh())
+
+
 def test_the_watcher_picks_up_a_new_config_once(tmp_path: Path) -> None:
     path = tmp_path / "routing.yaml"
     write_routing(path, routing(**CANARY, canary_weight=0.1))
     seen: list[RoutingConfig] = []
     watcher = RoutingWatcher(path, seen.append)
-    assert watcher.poll() is True
-    assert watcher.poll() is False  # unchanged content: no second notification
+    assert poll(watcher) is True
+    assert poll(watcher) is False  # unchanged content: no second notification
     write_routing(path, routing(**CANARY, canary_weight=0.1))
-    assert watcher.poll() is False  # rewritten with the same content
+    assert poll(watcher) is False  # rewritten with the same content
     write_routing(path, routing(**CANARY, canary_weight=0.5))
-    assert watcher.poll() is True
+    assert poll(watcher) is True
     assert [c.for_model("digits").canary_weight for c in seen] == [0.1, 0.5]
     assert watcher.current == seen[-1]
 
@@ -260,7 +265,7 @@ def test_the_watcher_keeps_the_last_good_config_over_a_bad_file(
     write_routing(path, good)
     seen: list[RoutingConfig] = []
     watcher = RoutingWatcher(path, seen.append)
-    watcher.poll()
+    poll(watcher)
     with caplog.at_level(logging.ERROR, logger="serving.routing"):
         for broken in (
             "",
@@ -268,16 +273,16 @@ def test_the_watcher_keeps_the_last_good_config_over_a_bad_file(
             "models: {d: {canary_weight: 3}}",
         ):
             path.write_text(broken)
-            assert watcher.poll() is False
+            assert poll(watcher) is False
             assert watcher.current == good
             assert watcher.last_error is not None
-        assert watcher.poll() is False  # the same bad file is not reported twice
+        assert poll(watcher) is False  # the same bad file is not reported twice
     assert len([r for r in caplog.records if "last good config" in r.message]) == 3
     path.unlink()
-    assert watcher.poll() is False
+    assert poll(watcher) is False
     assert watcher.current == good
     write_routing(path, good)
-    assert watcher.poll() is False  # back to the config in use: nothing to announce
+    assert poll(watcher) is False  # back to the config in use: nothing to announce
     assert watcher.last_error is None
     assert seen == [good]
 
@@ -290,7 +295,7 @@ def test_the_watcher_survives_a_failing_listener(tmp_path: Path) -> None:
         raise RuntimeError("listener bug")
 
     watcher = RoutingWatcher(path, broken)
-    assert watcher.poll() is True
+    assert poll(watcher) is True
     assert watcher.current == routing(**CANARY)
 
 

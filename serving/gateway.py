@@ -8,7 +8,9 @@ accepting others; only the model itself runs on threads.
 The model repository changes under the gateway (versions appear, unload, fail): it is
 the source of truth for what can serve, and the gateway keeps one batcher per serving
 version and signature, created on first use and closed once the version leaves
-AVAILABLE.
+AVAILABLE. Remote models, the routing store, tf.Example decoding and the reading of
+Classify/Regress answers are modules of their own; this one decides where a request
+goes and what happens around its execution.
 """
 
 from __future__ import annotations
@@ -22,48 +24,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 from tensorflow.core.example.example_pb2 import Example
-from tensorflow.core.example.feature_pb2 import Feature
 
 from serving.backends import open_backend
 from serving.batching import Batcher, BatchingConfig
-from serving.config import GatewayConfig, RemoteBackend
+from serving.config import GatewayConfig
 from serving.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
     ServingError,
     Unavailable,
-    as_serving_error,
 )
+from serving.example_inputs import examples_to_inputs
 from serving.health import Health
+from serving.inference_results import classes_from_outputs, values_from_outputs
 from serving.metrics import GatewayMetrics
+from serving.remote_models import RemoteModels
 from serving.repository import ModelRepository, Servable, VersionState, VersionStatus
-from serving.routing import (
-    CANARY,
-    STABLE,
-    ModelRouting,
-    RouteDecision,
-    Router,
-    RoutingConfig,
-    RoutingWatcher,
-    write_routing,
-)
-from serving.signature import STRING, Signature, TensorSpec
+from serving.routing import CANARY, STABLE, ModelRouting, RouteDecision, Router, RoutingConfig
+from serving.routing_store import RoutingStore
+from serving.shadow import compare_outputs
+from serving.signature import Signature, Tensors
 from serving.validation import validate_inputs
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SIGNATURE = "serving_default"
-CLASSIFY_METHOD = "tensorflow/serving/classify"
-REGRESS_METHOD = "tensorflow/serving/regress"
-# Output names TF Serving's classify / regress signatures use.
-SCORES_OUTPUT, CLASSES_OUTPUT, REGRESS_OUTPUT = "scores", "classes", "outputs"
 SHADOW_TIMEOUT_S = 10.0
 
-Tensors = dict[str, np.ndarray]
 # Inputs are decoded against the signature of the version the request is routed to
 # (REST JSON needs its dtypes); gRPC tensors carry their own and ignore it.
 InputSource = Callable[[Signature], Mapping[str, np.ndarray]]
@@ -71,6 +60,8 @@ InputSource = Callable[[Signature], Mapping[str, np.ndarray]]
 
 @dataclass(frozen=True)
 class PredictResult:
+    """A Predict answer: the version that served it, by which route, and its outputs."""
+
     model: str
     version: int
     signature_name: str
@@ -80,6 +71,8 @@ class PredictResult:
 
 @dataclass(frozen=True)
 class ClassifyResult:
+    """A Classify answer: per example, every class with its score."""
+
     model: str
     version: int
     signature_name: str
@@ -88,6 +81,8 @@ class ClassifyResult:
 
 @dataclass(frozen=True)
 class RegressResult:
+    """A Regress answer: one value per example."""
+
     model: str
     version: int
     signature_name: str
@@ -96,394 +91,11 @@ class RegressResult:
 
 @dataclass(frozen=True)
 class ModelMetadata:
+    """What ``GetModelMetadata`` reports: the signatures of one version."""
+
     model: str
     version: int
     signatures: dict[str, Signature]
-
-
-# --------------------------------------------------------------------------- tf.Example
-
-
-def examples_to_inputs(
-    examples: Sequence[Example], context: Example | None, signature: Signature
-) -> Tensors:
-    """Batch tensors for ``signature`` from tf.Examples, feature name = input name.
-
-    Features of ``context`` apply to every example (an example's own feature wins). A
-    signature with one string input and no feature of that name takes the serialized
-    examples themselves, as TF Serving's classify/regress signatures do.
-    """
-    if not examples:
-        raise InvalidArgument("input: no examples")
-    merged = [_with_context(example, context) for example in examples]
-    names = list(signature.inputs)
-    if (
-        len(names) == 1
-        and signature.inputs[names[0]].dtype is STRING
-        and not any(names[0] in example.features.feature for example in merged)
-    ):
-        serialized = np.empty(len(merged), dtype=object)
-        serialized[:] = [example.SerializeToString() for example in merged]
-        return {names[0]: serialized}
-    inputs = {}
-    for name, spec in signature.inputs.items():
-        rows = []
-        for index, example in enumerate(merged):
-            features = example.features.feature
-            if name not in features:
-                raise InvalidArgument(
-                    f"example {index}: missing feature {name!r}; signature {signature.name!r} "
-                    f"takes {signature.describe_inputs()}"
-                )
-            rows.append(_feature_to_array(features[name], spec, f"example {index}"))
-        try:
-            inputs[name] = np.stack(rows)
-        except ValueError:
-            raise InvalidArgument(
-                f"feature {name!r}: examples give it different numbers of values"
-            ) from None
-    return inputs
-
-
-def _with_context(example: Example, context: Example | None) -> Example:
-    if context is None or not context.features.feature:
-        return example
-    merged = Example()
-    merged.CopyFrom(context)
-    for name, feature in example.features.feature.items():
-        merged.features.feature[name].CopyFrom(feature)
-    return merged
-
-
-def _feature_to_array(feature: Feature, spec: TensorSpec, where: str) -> np.ndarray:
-    """One example's values for ``spec``, shaped like the spec without its batch dim."""
-    kind = feature.WhichOneof("kind")
-    label = f"{where}: feature {spec.name!r}"
-    expected = spec.describe()
-    if spec.dtype is STRING:
-        if kind not in ("bytes_list", None):
-            raise InvalidArgument(f"{label}: expected bytes_list for {expected}, got {kind}")
-        values = np.empty(len(feature.bytes_list.value), dtype=object)
-        values[:] = list(feature.bytes_list.value)
-    elif kind == "float_list":
-        if spec.dtype.kind != "f":
-            raise InvalidArgument(f"{label}: expected int64_list for {expected}, got float_list")
-        values = np.asarray(feature.float_list.value, dtype=spec.dtype)
-    elif kind == "int64_list":
-        if spec.dtype.kind not in "iuf":
-            raise InvalidArgument(f"{label}: expected {spec.dtype_name} values, got int64_list")
-        values = np.asarray(feature.int64_list.value, dtype=np.int64)
-        if spec.dtype.kind in "iu":
-            limits = np.iinfo(spec.dtype)
-            if values.size and (values.min() < limits.min or values.max() > limits.max):
-                raise InvalidArgument(f"{label}: value out of range for {spec.dtype_name}")
-        values = values.astype(spec.dtype)
-    elif kind is None:
-        values = np.zeros(0, dtype=spec.dtype)
-    else:
-        raise InvalidArgument(f"{label}: expected values for {expected}, got {kind}")
-    inner = None if spec.shape is None else spec.shape[1:]
-    if inner is None:
-        return values
-    known = int(np.prod([d for d in inner if d is not None], dtype=np.int64))
-    free = [axis for axis, d in enumerate(inner) if d is None]
-    if (not free and values.size != known) or (
-        free and (len(free) > 1 or known == 0 or values.size % known)
-    ):
-        raise InvalidArgument(f"{label}: {values.size} values do not fit {expected}")
-    shape = tuple(values.size // known if d is None else d for d in inner)
-    return values.reshape(shape)
-
-
-def _manifest_classes(manifest: Mapping[str, Any] | None, output: str) -> list[str] | None:
-    labels = (manifest or {}).get("labels")
-    entry = labels.get(output) if isinstance(labels, Mapping) else None
-    classes = entry.get("classes") if isinstance(entry, Mapping) else None
-    if isinstance(classes, list) and all(isinstance(name, str) for name in classes):
-        return classes
-    return None
-
-
-def _labelled_output(
-    outputs: Mapping[str, np.ndarray], manifest: Mapping[str, Any] | None, kind: str
-) -> str | None:
-    labels = (manifest or {}).get("labels")
-    if not isinstance(labels, Mapping):
-        return None
-    found = [
-        name
-        for name, entry in labels.items()
-        if name in outputs and isinstance(entry, Mapping) and entry.get("kind") == kind
-    ]
-    return found[0] if len(found) == 1 else None
-
-
-def _pick_output(
-    outputs: Mapping[str, np.ndarray],
-    manifest: Mapping[str, Any] | None,
-    preferred: str,
-    kind: str,
-    fits: Callable[[np.ndarray], bool],
-) -> str:
-    """The output a classify/regress call reads: TF Serving's name for it, else the one
-    slipway.json labels with ``kind``, else the only output whose shape ``fits``."""
-    if preferred in outputs:
-        return preferred
-    if len(outputs) == 1:
-        return next(iter(outputs))
-    labelled = _labelled_output(outputs, manifest, kind)
-    if labelled is not None:
-        return labelled
-    fitting = [name for name, array in outputs.items() if fits(np.asarray(array))]
-    if len(fitting) == 1:
-        return fitting[0]
-    raise FailedPrecondition(
-        f"cannot tell which of the outputs ({', '.join(outputs)}) holds the {kind} result: "
-        f"name it {preferred!r} or label it {kind!r} in slipway.json"
-    )
-
-
-def _is_scores(array: np.ndarray) -> bool:
-    return array.ndim == 2 and array.shape[1] > 1 and array.dtype.kind == "f"
-
-
-def _is_one_value(array: np.ndarray) -> bool:
-    return (
-        array.ndim == 1 or (array.ndim == 2 and array.shape[1] == 1)
-    ) and array.dtype.kind in "fiu"
-
-
-def classes_from_outputs(
-    outputs: Mapping[str, np.ndarray], manifest: Mapping[str, Any] | None, examples: int
-) -> list[list[tuple[str, float]]]:
-    """Per example, every class with its score, in the model's class order.
-
-    Class names come from a ``classes`` output, else slipway.json's
-    ``labels.<output>.classes``, else the class index as text.
-    """
-    candidates = {k: v for k, v in outputs.items() if k != CLASSES_OUTPUT}
-    name = _pick_output(candidates, manifest, SCORES_OUTPUT, "classification", _is_scores)
-    scores = np.asarray(outputs[name])
-    if scores.ndim == 1:
-        scores = scores[:, None]
-    if scores.ndim != 2 or scores.shape[0] != examples or scores.dtype.kind not in "fiu":
-        raise FailedPrecondition(
-            f"output {name!r} has shape {list(scores.shape)} ({scores.dtype}); classification "
-            f"needs numeric scores of shape [{examples}, classes]"
-        )
-    count = scores.shape[1]
-    if CLASSES_OUTPUT in outputs and np.shape(outputs[CLASSES_OUTPUT]) == scores.shape:
-        rows = [
-            [
-                item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
-                for item in row
-            ]
-            for row in np.asarray(outputs[CLASSES_OUTPUT]).tolist()
-        ]
-    else:
-        names = _manifest_classes(manifest, name)
-        if names is None or len(names) != count:
-            names = [str(index) for index in range(count)]
-        rows = [names] * examples
-    return [
-        list(zip(labels, (float(score) for score in row), strict=True))
-        for labels, row in zip(rows, scores.tolist(), strict=True)
-    ]
-
-
-def values_from_outputs(
-    outputs: Mapping[str, np.ndarray], manifest: Mapping[str, Any] | None, examples: int
-) -> list[float]:
-    """One regression value per example, from an output of shape [examples] or [examples, 1]."""
-    name = _pick_output(outputs, manifest, REGRESS_OUTPUT, "regression", _is_one_value)
-    values = np.asarray(outputs[name])
-    if values.ndim == 2 and values.shape[1] == 1:
-        values = values[:, 0]
-    if values.shape != (examples,) or values.dtype.kind not in "fiu":
-        raise FailedPrecondition(
-            f"output {name!r} has shape {list(np.shape(outputs[name]))}; regression needs one "
-            f"number per example ([{examples}] or [{examples}, 1])"
-        )
-    return [float(value) for value in values.tolist()]
-
-
-# --------------------------------------------------------------------------- shadow
-
-
-def compare_outputs(
-    primary: Mapping[str, np.ndarray], shadow: Mapping[str, np.ndarray]
-) -> tuple[float | None, float | None]:
-    """(top-1 agreement, mean absolute difference) between two answers to one request.
-
-    Agreement is the fraction of rows whose arg-max matches, over the first output
-    with class scores (rank 2, more than one column); the difference averages every
-    numeric output both answers share with the same shape. None when not comparable.
-    """
-    agreement = None
-    differences = []
-    for name, first in primary.items():
-        second = shadow.get(name)
-        if second is None or np.shape(first) != np.shape(second):
-            continue
-        first, second = np.asarray(first), np.asarray(second)
-        if first.dtype.kind not in "fiub" or second.dtype.kind not in "fiub" or first.size == 0:
-            continue
-        if agreement is None and first.ndim == 2 and first.shape[1] > 1:
-            agreement = float(np.mean(first.argmax(axis=1) == second.argmax(axis=1)))
-        differences.append(np.abs(first.astype(np.float64) - second.astype(np.float64)).mean())
-    return agreement, (float(np.mean(differences)) if differences else None)
-
-
-# --------------------------------------------------------------------------- routing store
-
-
-class RoutingStore:
-    """The routing config in force: the shared routing file when one is configured
-    (re-read on change, written atomically on admin changes), else kept in memory."""
-
-    def __init__(self, path: Path | None, *, interval: float = 1.0) -> None:
-        self.path = path
-        self._watcher = None if path is None else RoutingWatcher(path, interval=interval)
-        self._memory = RoutingConfig()
-
-    def current(self) -> RoutingConfig:
-        return self._memory if self._watcher is None else self._watcher.current
-
-    async def start(self) -> None:
-        if self._watcher is None:
-            return
-        if not self.path.exists():
-            await asyncio.to_thread(write_routing, self.path, RoutingConfig())
-        await self._watcher.start()
-
-    async def stop(self) -> None:
-        if self._watcher is not None:
-            await self._watcher.stop()
-
-    async def replace(self, config: RoutingConfig) -> None:
-        if self._watcher is None:
-            self._memory = config
-            return
-        try:
-            await asyncio.to_thread(write_routing, self.path, config)
-        except OSError as exc:
-            raise Unavailable(f"cannot write the routing file {self.path}: {exc}") from None
-        await self._watcher.refresh()
-
-    async def refresh(self) -> None:
-        """Re-read the file now; a file that does not parse keeps the last good config."""
-        if self._watcher is not None:
-            await self._watcher.refresh()
-            if self._watcher.last_error is not None:
-                raise FailedPrecondition(f"routing file not applied: {self._watcher.last_error}")
-
-
-# --------------------------------------------------------------------------- remote models
-
-
-class RemoteModels:
-    """Models served by another model server, one servable each.
-
-    A remote model shows up as a single version: the remote version it is pinned to,
-    or 1 when it follows the remote's latest (or labelled) version. A failed connection
-    leaves it in END with the error, like a version that failed to load, and is retried
-    every poll interval.
-    """
-
-    def __init__(self, config: GatewayConfig) -> None:
-        self._specs = {
-            name: model.backend
-            for name, model in config.models.items()
-            if isinstance(model.backend, RemoteBackend)
-        }
-        self._max_message_bytes = config.max_message_bytes
-        self._servables: dict[str, Servable] = {}
-        self._errors: dict[str, ServingError] = {}
-
-    def __contains__(self, model: str) -> bool:
-        return model in self._specs
-
-    def models(self) -> list[str]:
-        return sorted(self._specs)
-
-    @staticmethod
-    def version_of(spec: RemoteBackend) -> int:
-        return spec.version if spec.version is not None else 1
-
-    def connect(self, model: str) -> Servable | None:
-        """Open the connection (blocking; run it off the event loop)."""
-        from serving.backends.remote import RemoteBackend as RemoteClient
-
-        spec = self._specs[model]
-        started = time.monotonic()
-        tls = spec.tls
-        try:
-            backend = RemoteClient(
-                spec.target,
-                spec.model_name or model,
-                spec.version if spec.version is not None else spec.label,
-                pool_size=spec.pool_size,
-                tls=tls is not None,
-                root_certificates=_read(tls.ca) if tls else None,
-                private_key=_read(tls.key) if tls else None,
-                certificate_chain=_read(tls.cert) if tls else None,
-                max_message_bytes=self._max_message_bytes,
-            )
-        except Exception as exc:
-            self._errors[model] = as_serving_error(exc, default=grpc.StatusCode.UNAVAILABLE)
-            logger.error("remote model %s at %s: %s", model, spec.target, self._errors[model])
-            return None
-        self._errors.pop(model, None)
-        servable = Servable(
-            model, self.version_of(spec), Path(spec.target), backend, None,
-            time.monotonic() - started,
-        )  # fmt: skip
-        self._servables[model] = servable
-        return servable
-
-    def failed(self) -> list[str]:
-        return [model for model in self._specs if model not in self._servables]
-
-    def versions(self, model: str) -> list[int]:
-        servable = self._servables.get(model)
-        return [] if servable is None else [servable.version]
-
-    def servable(self, model: str, version: int | None) -> Servable:
-        servable = self._servables.get(model)
-        if servable is None:
-            error = self._errors.get(model)
-            reason = f": {error.message}" if error else ""
-            raise Unavailable(f"remote model {model!r} is not connected{reason}")
-        if version is not None and version != servable.version:
-            raise NotFound(
-                f"model {model!r} version {version} is not available; "
-                f"available versions: {servable.version}"
-            )
-        return servable
-
-    def status(self, model: str, version: int | None) -> list[VersionStatus]:
-        spec = self._specs[model]
-        number = self.version_of(spec)
-        if version is not None and version != number:
-            raise NotFound(f"could not find version {version} of model {model!r}")
-        if model in self._servables:
-            return [VersionStatus(number, VersionState.AVAILABLE)]
-        error = self._errors.get(model)
-        if error is None:
-            return [VersionStatus(number, VersionState.LOADING)]
-        return [VersionStatus(number, VersionState.END, error.error_code, error.message)]
-
-    def close(self) -> None:
-        for servable in self._servables.values():
-            servable.backend.close()
-        self._servables.clear()
-
-
-def _read(path: Path | None) -> bytes | None:
-    return None if path is None else path.read_bytes()
-
-
-# --------------------------------------------------------------------------- gateway
 
 
 @dataclass
@@ -496,6 +108,8 @@ class _Outcome:
 
 @dataclass(frozen=True)
 class _Executed:
+    """A request that ran: where, with which inputs, what came out, and its manifest."""
+
     version: int
     route: str
     inputs: Tensors

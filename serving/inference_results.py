@@ -1,0 +1,133 @@
+"""Classify and Regress answers, read from the outputs of an ordinary signature.
+
+A version need not export TensorFlow Serving's classification or regression signatures:
+the gateway runs the requested signature and reads the answer from its outputs. The
+output is found by TensorFlow Serving's name for it (``scores``, ``outputs``), else by
+the ``kind`` that ``slipway.json`` gives it under ``labels``, else by its shape; class
+names come from a ``classes`` output, else from ``slipway.json``, else from the index.
+An output that does not fit is ``FailedPrecondition``: the model, not the request, is wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from serving.errors import FailedPrecondition
+
+# Output names TF Serving's classify / regress signatures use.
+SCORES_OUTPUT, CLASSES_OUTPUT, REGRESS_OUTPUT = "scores", "classes", "outputs"
+
+
+def _manifest_classes(manifest: Mapping[str, Any] | None, output: str) -> list[str] | None:
+    labels = (manifest or {}).get("labels")
+    entry = labels.get(output) if isinstance(labels, Mapping) else None
+    classes = entry.get("classes") if isinstance(entry, Mapping) else None
+    if isinstance(classes, list) and all(isinstance(name, str) for name in classes):
+        return classes
+    return None
+
+
+def _labelled_output(
+    outputs: Mapping[str, np.ndarray], manifest: Mapping[str, Any] | None, kind: str
+) -> str | None:
+    labels = (manifest or {}).get("labels")
+    if not isinstance(labels, Mapping):
+        return None
+    found = [
+        name
+        for name, entry in labels.items()
+        if name in outputs and isinstance(entry, Mapping) and entry.get("kind") == kind
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def _pick_output(
+    outputs: Mapping[str, np.ndarray],
+    manifest: Mapping[str, Any] | None,
+    preferred: str,
+    kind: str,
+    fits: Callable[[np.ndarray], bool],
+) -> str:
+    """The output a classify/regress call reads: TF Serving's name for it, else the one
+    slipway.json labels with ``kind``, else the only output whose shape ``fits``."""
+    if preferred in outputs:
+        return preferred
+    if len(outputs) == 1:
+        return next(iter(outputs))
+    labelled = _labelled_output(outputs, manifest, kind)
+    if labelled is not None:
+        return labelled
+    fitting = [name for name, array in outputs.items() if fits(np.asarray(array))]
+    if len(fitting) == 1:
+        return fitting[0]
+    raise FailedPrecondition(
+        f"cannot tell which of the outputs ({', '.join(outputs)}) holds the {kind} result: "
+        f"name it {preferred!r} or label it {kind!r} in slipway.json"
+    )
+
+
+def _is_scores(array: np.ndarray) -> bool:
+    return array.ndim == 2 and array.shape[1] > 1 and array.dtype.kind == "f"
+
+
+def _is_one_value(array: np.ndarray) -> bool:
+    return (
+        array.ndim == 1 or (array.ndim == 2 and array.shape[1] == 1)
+    ) and array.dtype.kind in "fiu"
+
+
+def classes_from_outputs(
+    outputs: Mapping[str, np.ndarray], manifest: Mapping[str, Any] | None, examples: int
+) -> list[list[tuple[str, float]]]:
+    """Per example, every class with its score, in the model's class order.
+
+    Class names come from a ``classes`` output, else slipway.json's
+    ``labels.<output>.classes``, else the class index as text.
+    """
+    candidates = {k: v for k, v in outputs.items() if k != CLASSES_OUTPUT}
+    name = _pick_output(candidates, manifest, SCORES_OUTPUT, "classification", _is_scores)
+    scores = np.asarray(outputs[name])
+    if scores.ndim == 1:
+        scores = scores[:, None]
+    if scores.ndim != 2 or scores.shape[0] != examples or scores.dtype.kind not in "fiu":
+        raise FailedPrecondition(
+            f"output {name!r} has shape {list(scores.shape)} ({scores.dtype}); classification "
+            f"needs numeric scores of shape [{examples}, classes]"
+        )
+    count = scores.shape[1]
+    if CLASSES_OUTPUT in outputs and np.shape(outputs[CLASSES_OUTPUT]) == scores.shape:
+        rows = [
+            [
+                item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
+                for item in row
+            ]
+            for row in np.asarray(outputs[CLASSES_OUTPUT]).tolist()
+        ]
+    else:
+        names = _manifest_classes(manifest, name)
+        if names is None or len(names) != count:
+            names = [str(index) for index in range(count)]
+        rows = [names] * examples
+    return [
+        list(zip(labels, (float(score) for score in row), strict=True))
+        for labels, row in zip(rows, scores.tolist(), strict=True)
+    ]
+
+
+def values_from_outputs(
+    outputs: Mapping[str, np.ndarray], manifest: Mapping[str, Any] | None, examples: int
+) -> list[float]:
+    """One regression value per example, from an output of shape [examples] or [examples, 1]."""
+    name = _pick_output(outputs, manifest, REGRESS_OUTPUT, "regression", _is_one_value)
+    values = np.asarray(outputs[name])
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values[:, 0]
+    if values.shape != (examples,) or values.dtype.kind not in "fiu":
+        raise FailedPrecondition(
+            f"output {name!r} has shape {list(np.shape(outputs[name]))}; regression needs one "
+            f"number per example ([{examples}] or [{examples}, 1])"
+        )
+    return [float(value) for value in values.tolist()]
