@@ -1,34 +1,38 @@
-"""The model zoo: Keras 2 (tf_keras) models built from typed configs.
+"""The model zoo and researchers' own models: Keras 2 (tf_keras) models from typed configs.
 
-``build_model(config, inputs, heads)`` makes a functional model whose inputs are named
-after dataset features and whose outputs are named after labels; ``compile_args(heads)``
-gives the matching losses, loss weights and metrics.
+This package imports no TensorFlow: it holds the configs (``ModelConfig`` and one class
+per family, ``InputSpec``, ``HeadSpec``), so an experiment file is checked before
+TensorFlow loads. The Keras side is imported from its own modules:
+
+- ``research.models.registry.build_model(config, inputs, heads)``: a model whose inputs
+  are named after dataset features and whose outputs are named after labels;
+- ``research.models.interface.conform_model(model, inputs, heads, source=...)``: fits any
+  tf_keras model to those names, or says what does not fit;
+- ``research.models.endpoints.compile_args(heads)``: the matching losses, loss weights
+  and metrics;
+- ``research.models.layers`` and ``research.models.losses``: the custom layers and losses
+  (importing them registers them for deserialisation); ``research.models.gpt``: decoding.
 """
 
-from research.models.cnn import CnnConfig
-from research.models.endpoints import compile_args
-from research.models.gpt import GptConfig, generate, next_token_pairs
-from research.models.layers import (
-    AttentionMask,
-    PrependClsToken,
-    SequencePooling,
-    TokenAndPositionEmbedding,
+from research.models.configs import (
+    AnyModelConfig,
+    CnnConfig,
+    GptConfig,
+    MlpConfig,
+    ModelConfig,
+    MultiTaskConfig,
+    PythonModelConfig,
+    TransformerConfig,
 )
-from research.models.losses import PaddedSequenceCrossentropy
-from research.models.mlp import MlpConfig
-from research.models.multitask import MultiTaskConfig
-from research.models.registry import AnyModelConfig, ModelConfig, build_model
 from research.models.specs import (
     HeadSpec,
     InputSpec,
     head_spec_from_feature,
     input_spec_from_feature,
 )
-from research.models.transformer import TransformerConfig
 
 __all__ = [
     "AnyModelConfig",
-    "AttentionMask",
     "CnnConfig",
     "GptConfig",
     "HeadSpec",
@@ -36,15 +40,8 @@ __all__ = [
     "MlpConfig",
     "ModelConfig",
     "MultiTaskConfig",
-    "PaddedSequenceCrossentropy",
-    "PrependClsToken",
-    "SequencePooling",
-    "TokenAndPositionEmbedding",
+    "PythonModelConfig",
     "TransformerConfig",
-    "build_model",
-    "compile_args",
-    "generate",
     "head_spec_from_feature",
     "input_spec_from_feature",
-    "next_token_pairs",
 ]

@@ -7,51 +7,11 @@ compression tools can wrap each Dense for pruning and quantization-aware trainin
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import tf_keras as keras
-from pydantic import PositiveInt, model_validator
 
-from research.configs import StrictModel
-from research.models.config_types import Dropout
-from research.models.specs import InputSpec
-
-
-class TransformerShape(StrictModel):
-    """Size and layout of a stack of transformer blocks.
-
-    ``norm: pre`` puts LayerNormalization before attention and feed-forward (stable
-    without warm-up, plus a final norm); ``post`` is the original Transformer layout.
-    ``max_length`` sizes the position table; by default the input's sequence length.
-    """
-
-    num_layers: PositiveInt = 2
-    d_model: PositiveInt = 32
-    num_heads: PositiveInt = 2
-    ff_dim: PositiveInt = 64
-    dropout: Dropout = 0.1
-    norm: Literal["pre", "post"] = "pre"
-    max_length: PositiveInt | None = None
-
-    @model_validator(mode="after")
-    def _heads_divide_width(self) -> TransformerShape:
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"d_model: {self.d_model} is not divisible by num_heads={self.num_heads}"
-            )
-        return self
-
-    def position_table_size(self, name: str, spec: InputSpec) -> int:
-        """Rows of the position table: ``max_length``, else the input's fixed length."""
-        length = spec.shape[0]
-        size = self.max_length or length
-        if size is None:
-            raise ValueError(
-                f"input {name!r} has no fixed length: set max_length in the model config"
-            )
-        if length is not None and length > size:
-            raise ValueError(f"input {name!r} has length {length} > max_length={size}")
-        return size
+from research.models.configs import TransformerShape
 
 
 def block_stack(x: Any, mask: Any, shape: TransformerShape, prefix: str) -> Any:

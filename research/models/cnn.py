@@ -8,29 +8,13 @@ Where the block changes shape, a 1x1 convolution projects the shortcut to match.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import tf_keras as keras
-from pydantic import Field, PositiveInt
 
-from research.configs import StrictModel
-from research.models.config_types import Dropout
+from research.models.configs import CnnConfig
 from research.models.endpoints import Tensors, only_input
 from research.models.specs import InputSpec
-
-
-class CnnConfig(StrictModel):
-    """Widths of the stem and of each stage, blocks per stage, kernel size, dropout."""
-
-    type: Literal["cnn"] = "cnn"
-    stem_filters: PositiveInt = 16
-    stages: list[PositiveInt] = [16, 32]
-    blocks_per_stage: PositiveInt = 1
-    kernel_size: PositiveInt = 3
-    dropout: Dropout = 0.0
-    # Keras' 0.99 needs ~500 updates before inference statistics settle; small datasets
-    # train for fewer, so the default favours quick convergence of the moving averages.
-    batch_norm_momentum: float = Field(default=0.9, gt=0.0, lt=1.0)
 
 
 def features(config: CnnConfig, tensors: Tensors, specs: Mapping[str, InputSpec]) -> Any:

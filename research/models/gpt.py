@@ -14,16 +14,11 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from research.models.attention import TransformerShape, block_stack
+from research.models.attention import block_stack
+from research.models.configs import GptConfig
 from research.models.endpoints import keras_inputs, only_input
 from research.models.layers import PAD_ID, AttentionMask, TokenAndPositionEmbedding
 from research.models.specs import HeadSpec, InputSpec
-
-
-class GptConfig(TransformerShape):
-    """Decoder size; ``max_length`` is the context window when the input length is open."""
-
-    type: Literal["gpt"] = "gpt"
 
 
 def build(

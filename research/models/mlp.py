@@ -8,28 +8,14 @@ them are concatenated into one vector before the hidden layers.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import tf_keras as keras
-from pydantic import Field, PositiveInt
 
-from research.configs import StrictModel
-from research.models.config_types import Activation, Dropout
+from research.models.configs import MlpConfig
 from research.models.endpoints import Tensors
 from research.models.layers import SequencePooling
 from research.models.specs import InputSpec
-
-
-class MlpConfig(StrictModel):
-    """Hidden layer widths, their activation, dropout and optional batch norm."""
-
-    type: Literal["mlp"] = "mlp"
-    hidden_units: list[PositiveInt] = [64, 32]
-    activation: Activation = "relu"
-    dropout: Dropout = 0.0
-    batch_norm: bool = False
-    embedding_dim: PositiveInt = 8
-    batch_norm_momentum: float = Field(default=0.9, gt=0.0, lt=1.0)
 
 
 def features(config: MlpConfig, tensors: Tensors, specs: Mapping[str, InputSpec]) -> Any:

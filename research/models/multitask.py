@@ -10,18 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import tf_keras as keras
-from pydantic import PositiveInt
 
-from research.configs import StrictModel
 from research.models import cnn, mlp, transformer
-from research.models.config_types import Activation, Dropout, tagged_union
+from research.models.configs import MultiTaskConfig
 from research.models.endpoints import Tensors, assemble
 from research.models.specs import HeadSpec, InputSpec
-
-TrunkConfig = tagged_union(mlp.MlpConfig, cnn.CnnConfig, transformer.TransformerConfig)
 
 _FEATURES = {"mlp": mlp.features, "cnn": cnn.features, "transformer": transformer.features}
 
@@ -29,16 +25,6 @@ _FEATURES = {"mlp": mlp.features, "cnn": cnn.features, "transformer": transforme
 def trunk_features(config: Any, tensors: Tensors, specs: Mapping[str, InputSpec]) -> Any:
     """Pooled features of whichever trunk family ``config`` names."""
     return _FEATURES[config.type](config, tensors, specs)
-
-
-class MultiTaskConfig(StrictModel):
-    """The shared trunk and the hidden tower every head gets on top of it."""
-
-    type: Literal["multitask"] = "multitask"
-    trunk: TrunkConfig = mlp.MlpConfig()
-    head_hidden_units: list[PositiveInt] = [32]
-    head_activation: Activation = "relu"
-    head_dropout: Dropout = 0.0
 
 
 def build(

@@ -1,36 +1,28 @@
-"""Build any zoo model from its config: the one entry point trainers and tools use."""
+"""Build any model an experiment names: the one entry point trainers and tools use."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import tf_keras as keras
-from pydantic import RootModel
 
-from research.configs import StrictModel, parse_model
+from contracts.yaml_config import StrictModel, parse_model
 from research.models import gpt, multitask
-from research.models.cnn import CnnConfig
-from research.models.config_types import tagged_union
+from research.models.configs import (
+    AnyModelConfig,
+    GptConfig,
+    ModelConfig,
+    MultiTaskConfig,
+    PythonModelConfig,
+)
 from research.models.endpoints import assemble
-from research.models.gpt import GptConfig
-from research.models.mlp import MlpConfig
-from research.models.multitask import MultiTaskConfig, trunk_features
+from research.models.interface import conform_model
+from research.models.multitask import trunk_features
+from research.models.python_model import call_build_function
 from research.models.specs import HeadSpec, InputSpec, check_names
-from research.models.transformer import TransformerConfig
-
-AnyModelConfig = MlpConfig | CnnConfig | TransformerConfig | GptConfig | MultiTaskConfig
-
-
-class ModelConfig(
-    RootModel[tagged_union(MlpConfig, CnnConfig, TransformerConfig, GptConfig, MultiTaskConfig)]
-):
-    """A model section of an experiment file: ``{type: cnn, stages: [16, 32], ...}``.
-
-    Use it as a field type (``model: ModelConfig``) or validate a mapping with
-    ``research.configs.parse_model(data, ModelConfig)``; the family config is ``.root``.
-    """
 
 
 class _BuildArguments(StrictModel):
@@ -45,20 +37,31 @@ def build_model(
     config: ModelConfig | AnyModelConfig | Mapping[str, Any],
     inputs: Mapping[str, InputSpec | Mapping[str, Any]],
     heads: Mapping[str, HeadSpec | Mapping[str, Any]],
+    *,
+    base_dir: str | Path | None = None,
+    source: str = "build_model",
 ) -> keras.Model:
-    """A functional Keras model with one input per ``inputs`` key and one output per head.
+    """A Keras model with one input per ``inputs`` key and one output per head.
 
     Plain mappings are validated like config files, so mistakes raise ConfigError naming
-    the key path (``build_model: inputs.image: shape: ...``).
+    ``source`` and the key path (``build_model: inputs.image: shape: ...``). A ``python``
+    model is made by the function its ``build`` names, looked up relative to
+    ``base_dir`` (the experiment file's directory), and fitted to the inputs and heads by
+    ``conform_model``; zoo models are built conforming.
     """
     arguments = parse_model(
         {"model": config, "inputs": dict(inputs), "heads": dict(heads)},
         _BuildArguments,
-        source="build_model",
+        source=source,
     )
     family = arguments.model.root
     input_specs, head_specs = arguments.inputs, arguments.heads
     check_names(input_specs, head_specs)
+    if isinstance(family, PythonModelConfig):
+        model = call_build_function(
+            family, input_specs, head_specs, base_dir=base_dir, source=source
+        )
+        return conform_model(model, input_specs, head_specs, source=f"{source}: {family.build}")
     if isinstance(family, GptConfig):
         return gpt.build(family, input_specs, head_specs)
     if isinstance(family, MultiTaskConfig):

@@ -15,12 +15,20 @@ from typing import Any, Literal
 
 from pydantic import NonNegativeFloat, PositiveInt, model_validator
 
-from research.configs import StrictModel
-from research.data.features import FeatureSpec
+from contracts.features import FeatureSpec
+from contracts.yaml_config import StrictModel
 
 # Keras layer names become SavedModel signature keys and TF name scopes, which reject '/'.
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 _ID_KINDS = ("categorical", "tokens")
+
+
+class ModelInterfaceError(ValueError):
+    """A model does not fit its dataset's inputs and heads; the message says what differs.
+
+    Defined beside the specs, free of TensorFlow, so a command line can name it as a user
+    error without loading TensorFlow.
+    """
 
 
 class InputSpec(StrictModel):

@@ -7,11 +7,12 @@ padding (id 0), then the masked mean of the outputs or a learned [CLS] token's o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import tf_keras as keras
 
-from research.models.attention import TransformerShape, block_stack
+from research.models.attention import block_stack
+from research.models.configs import TransformerConfig
 from research.models.endpoints import Tensors, only_input
 from research.models.layers import (
     AttentionMask,
@@ -20,13 +21,6 @@ from research.models.layers import (
     TokenAndPositionEmbedding,
 )
 from research.models.specs import InputSpec
-
-
-class TransformerConfig(TransformerShape):
-    """Encoder size plus how the sequence is pooled (``mean`` or ``cls``)."""
-
-    type: Literal["transformer"] = "transformer"
-    pooling: Literal["mean", "cls"] = "mean"
 
 
 def features(config: TransformerConfig, tensors: Tensors, specs: Mapping[str, InputSpec]) -> Any:

@@ -8,7 +8,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from research.models import HeadSpec, compile_args
+from research.models import HeadSpec
+from research.models.endpoints import compile_args
 
 
 def predict(model: keras.Model, features: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -5,16 +5,11 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from research.configs import parse_model
-from research.models import (
-    GptConfig,
-    HeadSpec,
-    ModelConfig,
-    PaddedSequenceCrossentropy,
-    build_model,
-    generate,
-    next_token_pairs,
-)
+from contracts.yaml_config import parse_model
+from research.models import GptConfig, HeadSpec, ModelConfig
+from research.models.gpt import generate, next_token_pairs
+from research.models.losses import PaddedSequenceCrossentropy
+from research.models.registry import build_model
 from tests.research.models.checks import (
     assert_config_round_trip,
     assert_saved_model_round_trip,

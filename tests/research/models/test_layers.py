@@ -5,13 +5,13 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from research.models import (
+from research.models.layers import (
     AttentionMask,
     PrependClsToken,
     SequencePooling,
     TokenAndPositionEmbedding,
-    build_model,
 )
+from research.models.registry import build_model
 
 IDS = tf.constant([[5, 3, 0], [7, 0, 0]])
 

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import tf_keras as keras
 
-from research.configs import parse_model
-from research.models import HeadSpec, MlpConfig, ModelConfig, build_model
+from contracts.yaml_config import parse_model
+from research.models import HeadSpec, MlpConfig, ModelConfig
+from research.models.registry import build_model
 from tests.research.models.checks import (
     assert_config_round_trip,
     assert_saved_model_round_trip,
@@ -92,7 +93,7 @@ def test_saved_model_round_trip(tmp_path) -> None:
 
 
 def test_unknown_activation_is_a_config_error() -> None:
-    from research.configs import ConfigError
+    from contracts.yaml_config import ConfigError
 
     with pytest.raises(ConfigError, match=r"activation: expected one of"):
         parse_model({"type": "mlp", "activation": "sigmoidal"}, ModelConfig)

@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 import tf_keras as keras
 
-from research.configs import ConfigError, parse_model
-from research.models import HeadSpec, ModelConfig, MultiTaskConfig, build_model, compile_args
+from contracts.yaml_config import ConfigError, parse_model
+from research.models import HeadSpec, ModelConfig, MultiTaskConfig
+from research.models.endpoints import compile_args
+from research.models.registry import build_model
 from tests.research.models.checks import (
     assert_config_round_trip,
     assert_saved_model_round_trip,

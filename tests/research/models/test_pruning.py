@@ -7,7 +7,7 @@ import pytest
 import tensorflow_model_optimization as tfmot
 import tf_keras as keras
 
-from research.models import build_model
+from research.models.registry import build_model
 
 CLASSES = {"label": {"kind": "classification", "num_classes": 3}}
 TOKENS = {"text": {"kind": "tokens", "shape": [6], "vocab_size": 9}}

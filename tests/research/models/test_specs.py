@@ -2,17 +2,17 @@ from __future__ import annotations
 
 import pytest
 
-from research.configs import ConfigError, StrictModel, load_yaml_model, parse_model
-from research.data.features import FeatureSpec
+from contracts.features import FeatureSpec
+from contracts.yaml_config import ConfigError, StrictModel, load_yaml_model, parse_model
 from research.models import (
     CnnConfig,
     HeadSpec,
     InputSpec,
     ModelConfig,
-    build_model,
     head_spec_from_feature,
     input_spec_from_feature,
 )
+from research.models.registry import build_model
 
 
 class Experiment(StrictModel):
@@ -36,7 +36,7 @@ def test_experiment_file_holds_a_typed_model(tmp_path) -> None:
         ("model:\n  type: mlp\n  hidden: [8]\n", r"exp\.yaml:3: model\.hidden: unknown key"),
         (
             "model:\n  type: rnn\n",
-            r"exp\.yaml:\d: model: type: expected one of mlp, cnn, transformer, gpt, multitask, got 'rnn'",
+            r"exp\.yaml:\d: model: type: expected one of mlp, cnn, transformer, gpt, multitask, python, got 'rnn'",
         ),
         ("model:\n  hidden_units: [8]\n", r"model: type: required key is missing"),
         (

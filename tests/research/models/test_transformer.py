@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import tf_keras as keras
 
-from research.configs import ConfigError, parse_model
-from research.models import HeadSpec, ModelConfig, TransformerConfig, build_model
+from contracts.yaml_config import ConfigError, parse_model
+from research.models import HeadSpec, ModelConfig, TransformerConfig
+from research.models.registry import build_model
 from tests.research.models.checks import (
     assert_config_round_trip,
     assert_saved_model_round_trip,
