@@ -88,8 +88,8 @@ def build_datasets(workdir: Path) -> dict[str, Path]:
 def train_and_publish(case: Case, dataset: Path, workdir: Path, quick: bool) -> Path:
     """Train the example experiment in float32 on ``dataset``; the published version dir."""
     from research.experiments.config import load_experiment
-    from training.publish import publish_model
-    from training.trainer import train
+    from research.experiments.task import ExperimentTask
+    from training.run import train
 
     config = yaml.safe_load((EXPERIMENTS / case.experiment).read_text(encoding="utf-8"))
     config["data"]["dataset"] = str(dataset)
@@ -101,18 +101,10 @@ def train_and_publish(case: Case, dataset: Path, workdir: Path, quick: bool) -> 
     path = workdir / "experiments" / case.experiment
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    experiment = load_experiment(path)
-    trainer, outcome = train(experiment, verbose=False)
+    outcome = train(ExperimentTask(load_experiment(path)), progress=False)
     if outcome.exit_code != 0:
         raise RuntimeError(f"{case.name}: training exited with {outcome.exit_code}")
-    published = publish_model(
-        trainer.model,
-        experiment,
-        trainer.manifest,
-        trainer.io,
-        metrics=outcome.metrics,
-        method=outcome.precision,
-    )
+    published = outcome.published
     assert published is not None  # a single process is the chief
     return published[1]
 

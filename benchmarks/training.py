@@ -247,14 +247,15 @@ def trainer_marks(run_dir: Path) -> list[tuple[int, float]]:
 
 
 def run_trainer(config: Any, warmup_steps: int) -> dict[str, Any]:
-    """Train with ``Trainer.run`` as ``slipway train`` does; its steady examples/s."""
+    """Train with ``training.run.train`` as ``slipway train`` does; its steady examples/s."""
     import tf_keras as keras
 
-    from training.trainer import Trainer
+    from research.experiments.task import ExperimentTask
+    from training.run import train
 
     keras.backend.clear_session()
     with CpuClock() as clock:
-        outcome = Trainer(config, verbose=False).run()
+        outcome = train(ExperimentTask(config), export=False, progress=False)
     if outcome.exit_code != 0:
         raise RuntimeError(f"the trainer exited with code {outcome.exit_code}")
     marks = trainer_marks(config.run_path)
@@ -272,9 +273,8 @@ def run_fit(config: Any, warmup_steps: int) -> dict[str, Any]:
     """
     import tf_keras as keras
 
-    from research.experiments.model_io import model_io
-    from research.models import build_model, compile_args
-    from training.data import open_manifest, training_dataset
+    from research.experiments.task import ExperimentTask
+    from research.models.endpoints import compile_args
     from training.optimization import WarmupDecay
     from training.precision import apply_precision, needs_loss_scaling, resolve_precision
 
@@ -284,11 +284,11 @@ def run_fit(config: Any, warmup_steps: int) -> dict[str, Any]:
     training = config.training
     precision = resolve_precision(training.precision)
     apply_precision(precision)
-    io_spec = model_io(config, open_manifest(config))
-    dataset = training_dataset(
-        config, io_spec, micro_batch=config.data.batch_size, input_context=None
+    task = ExperimentTask(config)
+    dataset = task.build_inputs(
+        config.data.train_split, batch_size=config.data.batch_size, training=True
     )
-    model = build_model(config.model, io_spec.inputs, io_spec.heads)
+    model = task.build_model()
     schedule = training.schedule
     optimizer = keras.optimizers.AdamW(
         learning_rate=WarmupDecay(
@@ -306,7 +306,7 @@ def run_fit(config: Any, warmup_steps: int) -> dict[str, Any]:
     )
     if needs_loss_scaling(precision):
         optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
-    compiled = compile_args(io_spec.heads)
+    compiled = compile_args(task.heads)
     model.compile(
         optimizer=optimizer,
         loss=compiled["loss"],
@@ -332,16 +332,14 @@ def run_pipeline(config: Any, seconds: float) -> dict[str, Any]:
     """
     import tf_keras as keras
 
-    from research.experiments.model_io import model_io
-    from training.data import open_manifest, steps_per_epoch, training_dataset
+    from research.experiments.task import ExperimentTask
 
     keras.backend.clear_session()
-    manifest = open_manifest(config)
-    io_spec = model_io(config, manifest)
+    task = ExperimentTask(config)
     batch = config.data.batch_size
-    dataset = training_dataset(config, io_spec, micro_batch=batch, input_context=None)
+    dataset = task.build_inputs(config.data.train_split, batch_size=batch, training=True)
     batches = iter(dataset)
-    for _ in range(steps_per_epoch(manifest, config.data.train_split, batch) + 1):
+    for _ in range(task.steps_per_epoch + 1):
         next(batches)
     count, started, cpu_started = 0, time.perf_counter(), time.process_time()
     while (elapsed := time.perf_counter() - started) < seconds:

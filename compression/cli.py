@@ -12,14 +12,11 @@ from pathlib import Path
 from rich.console import Console
 
 from compression.errors import CompressionError
-from research.data.manifest import DatasetError
+from compression.methods import METHOD_NAMES
+from contracts.dataset_manifest import DatasetError, load_manifest
+from contracts.model_manifest import SAVED_MODEL_FILE
 
 USER_ERRORS = (CompressionError, DatasetError)
-
-METHOD_NAMES = (
-    "float32", "dynamic_range", "float16", "int8", "int8_io",
-    "prune", "prune_2_4", "qat", "prune_qat", "cluster",
-)  # fmt: skip
 
 # What fits a terminal; the Markdown report has every column.
 CONSOLE_COLUMNS = (
@@ -82,7 +79,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     compress.set_defaults(handler=run_compress)
 
 
+def check_paths(model: Path, data: Path) -> None:
+    """Refuse a missing model version or dataset before TensorFlow loads (seconds)."""
+    if not model.is_dir():
+        raise CompressionError(f"{model}: not a directory")
+    if not (model / SAVED_MODEL_FILE).is_file():
+        raise CompressionError(f"{model}: not a SavedModel (no {SAVED_MODEL_FILE})")
+    load_manifest(data)
+
+
 def run_compress(args: argparse.Namespace) -> int:
+    check_paths(args.model, args.data)
     from rich.table import Table
 
     from compression.evaluate import EvalSettings

@@ -19,7 +19,7 @@ from ai_edge_litert.interpreter import Interpreter
 
 from compression.errors import CompressionError
 from compression.loading import named_inputs, output_names, read_signature
-from training.export import SIGNATURE_KEY
+from contracts.model_manifest import SIGNATURE_KEY
 
 Representative = Callable[[], Iterable[dict[str, np.ndarray]]]
 

@@ -29,8 +29,8 @@ import tensorflow as tf
 
 from compression.errors import CompressionError
 from compression.finetune import check_inputs, open_dataset, sequence_length
+from contracts.model_manifest import MANIFEST_FILE, SIGNATURE_KEY
 from research.data.input_pipeline import make_dataset
-from training.export import MANIFEST_FILE, SIGNATURE_KEY
 
 GZIP_LEVEL = 9
 _MAX_PASSES = 1000

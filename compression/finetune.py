@@ -19,10 +19,12 @@ import tf_keras as keras
 
 from compression.errors import CompressionError
 from compression.loading import named_inputs, output_names
+from contracts.dataset_manifest import DatasetError, Manifest, load_manifest
 from research.data.input_pipeline import make_dataset, verify_shards
-from research.data.manifest import DatasetError, Manifest, load_manifest
-from research.experiments.model_io import ModelIO, as_head_labels
-from research.models import HeadSpec, compile_args, input_spec_from_feature
+from research.experiments.model_io import ModelIO
+from research.experiments.task import as_head_labels
+from research.models import HeadSpec, input_spec_from_feature
+from research.models.endpoints import compile_args
 
 DEFAULT_EPOCHS = 2
 DEFAULT_LEARNING_RATE = 1e-3

@@ -20,11 +20,16 @@ import tf_keras as keras
 from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import saved_model_pb2
 
-import research.models  # noqa: F401  (registers the zoo's custom layers for deserialisation)
+import research.models.layers  # noqa: F401  (registers the zoo's custom layers for deserialisation)
+import research.models.losses  # noqa: F401  (and its custom losses)
 from compression.errors import CompressionError
-from training.export import MANIFEST_FILE, SIGNATURE_KEY, verify_model_dir
+from contracts.model_manifest import (
+    MANIFEST_FILE,
+    SAVED_MODEL_FILE,
+    SIGNATURE_KEY,
+    verify_model_dir,
+)
 
-_SAVED_MODEL_FILE = "saved_model.pb"
 _KERAS_METADATA_FILE = "keras_metadata.pb"
 # Keras rebuilds a layer class it does not know from the SavedModel's traced functions, as
 # a class created in this module: the layer runs, but its code and config are gone.
@@ -65,11 +70,11 @@ def read_signature(directory: str | Path) -> dict[str, Any]:
     Parsed from the protobuf so a refused model costs milliseconds, not a model load.
     """
     root = Path(directory)
-    path = root / _SAVED_MODEL_FILE
+    path = root / SAVED_MODEL_FILE
     if not root.is_dir():
         raise CompressionError(f"{root}: not a directory")
     if not path.is_file():
-        raise CompressionError(f"{root}: not a SavedModel (no {_SAVED_MODEL_FILE})")
+        raise CompressionError(f"{root}: not a SavedModel (no {SAVED_MODEL_FILE})")
     saved = saved_model_pb2.SavedModel()
     try:
         saved.ParseFromString(path.read_bytes())

@@ -18,7 +18,6 @@ from typing import Any
 import tf_keras as keras
 
 from compression import clustering, pruning, ptq, qat
-from compression.cli import METHOD_NAMES as METHODS
 from compression.errors import CompressionError
 from compression.evaluate import (
     EvalData,
@@ -37,14 +36,13 @@ from compression.finetune import (
     training_data,
 )
 from compression.loading import LoadedModel, load_version
+from compression.methods import INTEGER_METHODS, METHOD_NAMES
 from compression.publish import Source, publish_compressed
 from compression.report import BASELINE, FAILED, PASSED, Report, ReportFiles, Row, write_report
 from compression.result import CompressedModel
-from training.export import validate_model_name
+from contracts.model_manifest import validate_model_name
 
 REFERENCE_METHOD = "float32"
-# Results whose weights and activations are integers: what "publish the int8 model" means.
-INTEGER_METHODS = ("int8", "int8_io", "qat", "prune_qat")
 AUTO = "auto"
 
 Progress = Callable[[str], None]
@@ -55,12 +53,12 @@ def parse_methods(text: str | Sequence[str]) -> list[str]:
     items = text.split(",") if isinstance(text, str) else list(text)
     names = [item.strip() for item in items if item.strip()]
     if not names:
-        raise CompressionError(f"--method: no method given; choose from {', '.join(METHODS)}")
-    unknown = [name for name in names if name not in METHODS]
+        raise CompressionError(f"--method: no method given; choose from {', '.join(METHOD_NAMES)}")
+    unknown = [name for name in names if name not in METHOD_NAMES]
     if unknown:
         raise CompressionError(
             f"--method: unsupported compression method {unknown[0]!r}; "
-            f"choose from {', '.join(METHODS)}"
+            f"choose from {', '.join(METHOD_NAMES)}"
         )
     return list(dict.fromkeys(names))
 

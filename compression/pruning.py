@@ -45,19 +45,6 @@ def zero_fraction(weights: Sequence[np.ndarray]) -> float:
     return zeros / total if total else 0.0
 
 
-def m_by_n_violations(kernel: np.ndarray, m: int = M_BY_N[0], n: int = M_BY_N[1]) -> int:
-    """Groups of ``n`` consecutive input-dimension weights with fewer than ``m`` zeros.
-
-    The input dimension of a Dense ``(in, out)`` or Conv2D ``(h, w, in, out)`` kernel is
-    the second to last axis; groups are taken along it for every output (and position).
-    """
-    inputs = np.moveaxis(np.asarray(kernel), -2, -1).reshape(-1, kernel.shape[-2])
-    if inputs.shape[1] % n:
-        raise ValueError(f"input width {inputs.shape[1]} is not a multiple of {n}")
-    groups = inputs.reshape(inputs.shape[0], -1, n)
-    return int(np.sum(np.sum(groups == 0, axis=-1) < m))
-
-
 def _fits_m_by_n(layer: keras.layers.Layer, weights: Sequence[Any]) -> str | None:
     """Why ``layer`` cannot take the 2:4 pattern, or None when it can."""
     if not isinstance(layer, (keras.layers.Dense, keras.layers.Conv2D)) or isinstance(

@@ -22,8 +22,8 @@ from compression.errors import CompressionError
 from compression.finetune import check_inputs, open_dataset, sequence_length
 from compression.loading import named_inputs
 from compression.result import CompressedModel
+from contracts.model_manifest import SIGNATURE_KEY
 from research.data.input_pipeline import make_dataset
-from training.export import SIGNATURE_KEY
 
 DEFAULT_SAMPLES = 200
 

@@ -6,7 +6,7 @@ so the gateway can serve either. ``slipway.json`` vouches for every file and rec
 what was done (method and its details), how the result measured (the evaluation that
 passed the accuracy gate) and where it came from (source version and its provenance,
 dataset, code commit). The version appears atomically through
-``training.export.publish_version``.
+``contracts.model_repository.publish_version``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from typing import Any
 from compression.evaluate import Evaluation, TFLiteRunner
 from compression.loading import LoadedModel
 from compression.result import CompressedModel
-from research.data.manifest import Manifest
-from training.export import git_commit, publish_version, save_serving_model, write_model_manifest
+from contracts.dataset_manifest import Manifest
+from contracts.model_manifest import write_model_manifest
+from contracts.model_repository import publish_version
+from training.export import git_commit, save_serving_model
 
 TFLITE_FILE = "model.tflite"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from compression.evaluate import EvalSettings, Evaluation
-from research.data.manifest import write_json_atomically
+from contracts.atomic_files import write_json_atomically
 
 FORMAT = "slipway.compression_report/1"
 JSON_FILE = "report.json"

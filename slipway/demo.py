@@ -67,8 +67,8 @@ def data_story(workdir: Path) -> None:
 
 
 def show_input_pipeline(dataset: Path) -> None:
+    from contracts.dataset_manifest import load_manifest
     from research.data.input_pipeline import make_dataset
-    from research.data.manifest import load_manifest
 
     features, labels = next(iter(make_dataset(dataset, "train", batch_size=4, seed=0)))
     if not isinstance(labels, dict):

@@ -1,1 +1,6 @@
-"""Training: the trainer, distribution, checkpoints and export."""
+"""Training: an experiment Task run by a Trainer (how one step runs) and a Controller
+(when to evaluate, checkpoint, stop and publish), as in Orbit.
+
+``training.run.train`` is the one entry point, used by ``slipway train`` and by scripts;
+``training.search`` runs every trial of a hyper-parameter search through it as well.
+"""

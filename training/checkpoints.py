@@ -36,8 +36,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from research.data.manifest import write_json_atomically
-from training.export import check_files, file_entry
+from contracts.atomic_files import write_json_atomically
+from contracts.model_manifest import check_files, file_entry
 
 CHECKPOINT_NAME = "ckpt"
 MARKER_FORMAT = "slipway.checkpoint/1"

@@ -1,117 +1,166 @@
-"""``slipway train`` and ``slipway export``.
+"""``slipway train``, ``slipway export`` and ``slipway tune``.
 
-Exit codes: 0 trained (and exported), 1 a multi-worker group gave up after its
-restarts, 2 the experiment is invalid (nothing was trained or overwritten), 3 the loss
-kept diverging, 143 preempted (a checkpoint was saved; run the same command to resume).
+Registering the commands imports argparse and the TensorFlow-free error types only; a
+handler validates the experiment file first and loads TensorFlow after, so a missing
+or broken file is reported at once.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
-from research.configs import ConfigError
-from research.data.manifest import DatasetError
-from training.errors import EXIT_DIVERGED, EXIT_INVALID, TrainingSetupError
+from training import errors
+
+# What ``slipway`` prints as one line (exit 2) instead of a traceback.
+USER_ERRORS = errors.USER_ERRORS
 
 console = Console()
 
+TRAIN_DESCRIPTION = """\
+Train an experiment: checkpoints, resume, evaluation, and a new model version in the
+experiment's model repository. Running the same command again after a crash or a
+preemption resumes from the latest committed checkpoint.
 
-USER_ERRORS = (ConfigError, DatasetError, TrainingSetupError)
+exit codes:
+  0    trained (and published)
+  1    a group of workers gave up after its restarts
+  2    the experiment is invalid; nothing was trained or overwritten
+  3    the loss kept diverging
+  143  preempted; a checkpoint was saved, run the same command to resume
+"""
+
+EXPORT_DESCRIPTION = """\
+Publish the weights of an experiment's latest committed checkpoint as a new version in
+its model repository, with their results on the evaluation and test splits.
+"""
+
+TUNE_DESCRIPTION = """\
+Search an experiment's hyper-parameters with keras-tuner (random, Bayesian or
+Hyperband). Every trial trains the experiment with the trial's values exactly as
+`slipway train` would, so best.yaml trains the best trial again. Writes results.json, a
+table of every trial, and best.yaml; rerunning the command resumes an interrupted
+search.
+
+exit codes:
+  0    a best trial was found (best.yaml written)
+  1    no trial completed
+  2    the experiment, the space or the dataset is invalid; nothing was trained
+  143  preempted; run the same command to resume the search
+"""
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     train = subparsers.add_parser(
         "train",
         help="train an experiment: checkpoints, resume, evaluation, export",
-        description=__doc__,
+        description=TRAIN_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     train.add_argument("experiment", type=Path, help="experiment YAML")
     group = train.add_mutually_exclusive_group()
     group.add_argument(
-        "--workers", type=int, default=1, help="launch N local workers under a supervisor"
+        "--workers", type=_positive, default=1, help="launch N local workers under a supervisor"
     )
     group.add_argument(
         "--worker",
         action="store_true",
         help="run as one worker of the cluster TF_CONFIG describes (used by launchers)",
     )
-    train.add_argument("--max-restarts", type=int, default=3, help="supervisor restarts (N>1)")
+    train.add_argument(
+        "--max-restarts", type=int, default=3, help="restarts of a group of workers (N>1)"
+    )
     train.add_argument("--no-export", action="store_true", help="skip publishing the model")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(handler=run_train)
 
     export = subparsers.add_parser(
-        "export", help="publish a model version from an experiment's latest checkpoint"
+        "export",
+        help="publish a model version from an experiment's latest checkpoint",
+        description=EXPORT_DESCRIPTION,
     )
     export.add_argument("experiment", type=Path, help="experiment YAML")
     export.set_defaults(handler=run_export)
+
+    tune = subparsers.add_parser(
+        "tune",
+        help="search an experiment's hyper-parameters (keras-tuner)",
+        description=TUNE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tune.add_argument("experiment", type=Path, help="experiment YAML")
+    tune.add_argument("--space", type=Path, required=True, help="search space YAML")
+    tune.add_argument("--out", type=Path, help="output directory (default: <run_dir>/tuning)")
+    tune.add_argument("--max-trials", type=_positive, help="override tuner.max_trials")
+    tune.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard an earlier search in the output directory instead of resuming it",
+    )
+    tune.set_defaults(handler=run_tune)
 
 
 def run_train(args: argparse.Namespace) -> int:
     from research.experiments import load_experiment
 
     config = load_experiment(args.experiment)
-    if args.workers > 1:
-        return _launch(args, config)
-    from training.trainer import Trainer
+    from research.experiments.task import ExperimentTask
+    from training.run import train
 
-    trainer = Trainer(config, verbose=not args.quiet)
-    outcome = trainer.run()
-    if outcome.exit_code != 0:
-        return outcome.exit_code
-    console.print(
-        f"trained {outcome.step} steps ({outcome.precision}, "
-        f"{outcome.examples_per_second:,.0f} examples/s); weights sha256 {outcome.weights_sha256}",
-        soft_wrap=True,
-    )
-    for split, values in outcome.metrics.items():
-        shown = ", ".join(f"{k}={v:.4g}" for k, v in values.items() if k != "examples")
-        console.print(f"  {split}: {shown}")
-    if not args.no_export:
-        from training.publish import publish_model
-
-        published = publish_model(
-            trainer.model,
-            config,
-            trainer.manifest,
-            trainer.io,
-            metrics=outcome.metrics,
-            method=outcome.precision,
-            is_chief=trainer.role.is_chief,
-        )
-        if published is not None:
-            console.print(f"published version {published[0]}: {published[1]}")
-    return 0
-
-
-def _launch(args: argparse.Namespace, config) -> int:  # noqa: ANN001 - ExperimentConfig
-    from training.supervisor import Supervisor
-
-    command = [sys.executable, "-m", "slipway", "train", str(args.experiment), "--worker"]
-    if args.no_export:
-        command.append("--no-export")
-    if args.quiet:
-        command.append("--quiet")
-    supervisor = Supervisor(
-        command,
-        args.workers,
+    outcome = train(
+        ExperimentTask(config),
+        workers=args.workers,
+        export=not args.no_export,
+        progress=not args.quiet,
         max_restarts=args.max_restarts,
-        log_dir=config.run_path / "workers",
-        permanent_exit_codes=(EXIT_INVALID, EXIT_DIVERGED),
     )
-    return supervisor.run()
+    return outcome.exit_code
 
 
 def run_export(args: argparse.Namespace) -> int:
     from research.experiments import load_experiment
-    from training.publish import export_from_checkpoint
 
     config = load_experiment(args.experiment)
-    version, path = export_from_checkpoint(config)
-    console.print(f"published version {version}: {path}")
+    from research.experiments.task import ExperimentTask
+    from training.run import export_latest
+
+    version, path = export_latest(ExperimentTask(config))
+    console.print(f"published version {version}: {path}", soft_wrap=True)
+    return 0
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from research.experiments import load_experiment
+    from research.tuning.space import load_space
+
+    # Broken files are reported before TensorFlow loads.
+    load_experiment(args.experiment)
+    load_space(args.space)
+    from training.search import run_search
+    from training.search_results import results_table
+
+    result = run_search(
+        args.experiment,
+        args.space,
+        output_dir=args.out,
+        max_trials=args.max_trials,
+        overwrite=args.overwrite,
+    )
+    console.print(results_table(result))
+    if result.stopped:
+        console.print(f"[yellow]search stopped:[/] {escape(result.stopped)}")
+    console.print(f"results: {result.results_path}")
+    if result.exit_code:
+        return result.exit_code
+    console.print(f"best experiment: [bold]{result.best_config_path}[/]")
     return 0

@@ -14,12 +14,13 @@ any other way. This module is free of TensorFlow so that launching stays instant
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+
+from contracts.atomic_files import write_json_atomically
 
 LOOPBACK = "127.0.0.1"
 WORKER_INDEX_ENV = "SLIPWAY_WORKER_INDEX"
@@ -76,9 +77,7 @@ class Heartbeat:
 
 def write_heartbeat(path: Path, step: int) -> None:
     """Record that ``step`` is done; replaced atomically so a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"step": step, "time": time.time()}))
-    os.replace(tmp, path)
+    write_json_atomically(path, {"step": step, "time": time.time()})
 
 
 def read_heartbeat(path: Path) -> Heartbeat | None:

@@ -23,7 +23,7 @@ SUMMARY_INTERVAL_SECONDS = 1.0
 
 
 class RunLog:
-    def __init__(self, run_dir: Path, total_steps: int, *, is_chief: bool, verbose: bool) -> None:
+    def __init__(self, run_dir: Path, total_steps: int, *, is_chief: bool, progress: bool) -> None:
         self.is_chief = is_chief
         self._heartbeat = os.environ.get(HEARTBEAT_ENV)
         self._writer = None
@@ -34,7 +34,7 @@ class RunLog:
             run_dir.mkdir(parents=True, exist_ok=True)
             self._writer = tf.summary.create_file_writer(str(run_dir / "tensorboard"))
             self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-            if verbose:
+            if progress:
                 self._progress = keras.utils.Progbar(total_steps, unit_name="step")
 
     def heartbeat(self, step: int) -> None:

@@ -13,15 +13,12 @@ from typing import Any
 
 import tf_keras as keras
 
-from research.data.manifest import Manifest
-from research.experiments.config import ExperimentConfig
+from contracts.dataset_manifest import Manifest
+from contracts.model_manifest import write_model_manifest
+from contracts.model_repository import publish_version
 from research.experiments.model_io import ModelIO
-from training.export import (
-    git_commit,
-    publish_version,
-    save_serving_model,
-    write_model_manifest,
-)
+from research.experiments.task import ExperimentTask
+from training.export import git_commit, save_serving_model
 
 
 def label_descriptions(io: ModelIO, manifest: Manifest) -> dict[str, dict[str, Any]]:
@@ -38,9 +35,7 @@ def label_descriptions(io: ModelIO, manifest: Manifest) -> dict[str, dict[str, A
 
 def publish_model(
     model: keras.Model,
-    config: ExperimentConfig,
-    manifest: Manifest,
-    io: ModelIO,
+    task: ExperimentTask,
     *,
     metrics: dict[str, dict[str, float]],
     method: str,
@@ -52,6 +47,7 @@ def publish_model(
     In a multi-worker run every worker must save (reading per-replica variables is a
     collective); only the chief publishes, the others save into a scratch directory.
     """
+    config, manifest = task.config, task.manifest
     name = config.export.model_name or config.name
     if not is_chief:
         with tempfile.TemporaryDirectory(prefix="slipway-export-") as scratch:
@@ -65,7 +61,7 @@ def publish_model(
             {
                 "name": name,
                 "signature": signature,
-                "labels": label_descriptions(io, manifest),
+                "labels": label_descriptions(task.io, manifest),
                 "metrics": metrics,
                 "provenance": {
                     "experiment": config.name,
@@ -74,37 +70,10 @@ def publish_model(
                     "dataset": manifest.name,
                     "git_commit": git_commit(Path(config.base_dir)),
                     "method": method,
+                    **({"model_fn": task.model_fn_name} if task.model_fn_name else {}),
                     **(extra or {}),
                 },
             },
         )
 
     return publish_version(config.resolve(config.export.model_root).resolve(), name, write)
-
-
-def export_from_checkpoint(config: ExperimentConfig) -> tuple[int, Path]:
-    """Publish the weights of the experiment's latest committed checkpoint."""
-    from training.errors import TrainingSetupError
-    from training.trainer import Trainer
-
-    trainer = Trainer(config, verbose=False)
-    trainer.prepare()
-    step = trainer.keeper.restore_latest()
-    if step is None:
-        raise TrainingSetupError(
-            f"checkpoint.directory: no committed checkpoint in {config.checkpoint_path}"
-        )
-    metrics = {
-        split: trainer.evaluate(split)
-        for split in (config.data.eval_split, config.data.test_split)
-        if split is not None
-    }
-    return publish_model(
-        trainer.model,
-        config,
-        trainer.manifest,
-        trainer.io,
-        metrics=metrics,
-        method=trainer.precision,
-        extra={"checkpoint_step": step},
-    )

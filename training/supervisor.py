@@ -41,10 +41,10 @@ from typing import IO
 
 from rich.console import Console
 
+from training.errors import EXIT_OK
 from training.launcher import Heartbeat, free_ports, read_heartbeat, worker_env
 from training.preemption import EXIT_PREEMPTED
 
-EXIT_OK = 0
 EXIT_GAVE_UP = 1
 
 # A worker that exits 143 saved a checkpoint after SIGTERM; one killed by an unhandled

@@ -1,51 +1,67 @@
-"""The trainer: one experiment, from its dataset to a published SavedModel.
+"""The Trainer: *how* one update and one evaluation run, on any distribution strategy.
 
-A run is a loop of compiled executions (``steps_per_execution`` updates each). Between
-executions the host logs, checkpoints, answers preemption and recovers from non-finite
-losses; nothing interrupts an update half-way. Everything a resumed run needs to make
-bit-identical updates — weights, optimizer slots and step, the loss scale, the
-learning-rate scale, dropout RNG state and each worker's input-iterator position — is
-in the checkpoints, so a run killed at any moment continues exactly from its latest
-committed checkpoint.
+Built from an experiment Task and a strategy, as Orbit's ``StandardTrainer``, it owns
+the model, the optimizer and the input iterator, and compiles an execution of several
+updates into one ``tf.function``. It has no loop and writes no files: the Controller
+decides when to call it.
+
+One update is forward, loss, gradients (accumulated over micro-batches), cross-replica
+reduction and the optimizer step. Losses are summed per example and divided by the
+*global* batch of one update (micro-batch x replicas x accumulation), so summing
+gradients across micro-batches and replicas gives exactly the gradient of the mean loss
+over the large batch: N accumulated micro-batches make the same update as one batch N
+times larger. Gradients are all-reduced once per update and the optimizer then skips
+aggregation; the loss-scale wrapper skips an update whose reduced gradients are not
+finite, the same decision on every replica, and counters of skipped updates live in
+variables so that a multi-update execution keeps count inside the graph.
+
+Everything a resumed run needs to make bit-identical updates — weights, optimizer slots
+and step, the loss scale, the learning-rate scale, dropout RNG state (``checkpointed``)
+and the input iterator's position (``iterator``) — is a checkpointable object here.
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
 import tf_keras as keras
 
 from research.experiments.config import ExperimentConfig
-from research.experiments.model_io import model_io
-from research.models import build_model, compile_args
-from training import data as training_data
-from training.checkpoints import CheckpointKeeper
-from training.distribution import WorkerRole, choose_strategy, worker_role
-from training.errors import EXIT_DIVERGED, TrainingSetupError
-from training.logs import RunLog
+from research.experiments.task import ExperimentTask
+from training.distribution import WorkerRole
+from training.errors import TrainingSetupError
 from training.optimization import build_optimizer
 from training.precision import apply_precision, needs_loss_scaling, resolve_precision
-from training.preemption import EXIT_PREEMPTED, PreemptionFlag
-from training.steps import UpdateStep
-
-EXIT_OK = 0
 
 
-@dataclass
-class TrainOutcome:
-    exit_code: int
-    step: int
-    precision: str
-    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-    examples_per_second: float = 0.0
-    skipped_updates: int = 0  # by this process (restores do not roll the count back)
-    restores: int = 0
-    weights_sha256: str = ""
+@dataclass(frozen=True)
+class Execution:
+    """What one compiled execution of several updates reports to the host."""
+
+    loss: float  # mean over the execution's updates
+    gradient_norm: float  # of its last update
+    learning_rate: float  # of the next update
+    stop_requested: bool  # some worker asked to stop
+
+
+def micro_batch_sizes(config: ExperimentConfig, workers: int) -> tuple[int, int]:
+    """The global and the per-worker micro-batch of one update.
+
+    ``data.batch_size`` is one update's batch across every worker and accumulated
+    micro-batch, so it must split evenly both ways.
+    """
+    accumulation = config.training.gradient_accumulation
+    if config.data.batch_size % (accumulation * workers):
+        raise TrainingSetupError(
+            f"data.batch_size: {config.data.batch_size} is not divisible by "
+            f"gradient_accumulation x workers = {accumulation * workers}"
+        )
+    global_micro_batch = config.data.batch_size // accumulation
+    return global_micro_batch, global_micro_batch // workers
 
 
 def configure_determinism(config: ExperimentConfig) -> None:
@@ -77,303 +93,266 @@ def weights_digest(model: keras.Model) -> str:
     return digest.hexdigest()
 
 
-def check_writable(directory: Path) -> None:
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".write-probe-{time.monotonic_ns()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise TrainingSetupError(
-            f"checkpoint.directory: cannot write to {directory}: {exc.strerror or exc}"
-        ) from None
+def per_example_losses(losses: Mapping[str, keras.losses.Loss]) -> dict[str, keras.losses.Loss]:
+    """Copies of the losses that return one value per example instead of a batch mean."""
+    unreduced = {}
+    for name, loss in losses.items():
+        config = loss.get_config()
+        config["reduction"] = keras.losses.Reduction.NONE
+        unreduced[name] = type(loss).from_config(config)
+    return unreduced
+
+
+def evaluation_names(task: ExperimentTask) -> list[str]:
+    """The values :meth:`Trainer.evaluate` reports besides ``examples``.
+
+    ``loss`` (weighted over heads), each head's own ``<head>_loss`` when there are
+    several, and ``<head>_<metric>`` for each head's metrics.
+    """
+    names = ["loss"]
+    for head, metrics in task.build_metrics().items():
+        if len(task.heads) > 1:
+            names.append(f"{head}_loss")
+        names.extend(f"{head}_{metric.name}" for metric in metrics)
+    return names
+
+
+def _replica_local_zeros(like: Any) -> tf.Variable:
+    """A per-replica buffer: each replica adds its own gradients, nothing is synced."""
+    return tf.Variable(
+        tf.zeros_like(like),
+        trainable=False,
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.SUM,
+    )
 
 
 class Trainer:
-    """Trains one experiment on this worker (of ``role.count``)."""
+    """The model, optimizer and input of one worker (of ``role.count``), and their steps.
+
+    Seeds and the precision policy are set here, before the model is built, because
+    both decide what the model's variables are.
+    """
 
     def __init__(
-        self,
-        config: ExperimentConfig,
-        *,
-        role: WorkerRole | None = None,
-        verbose: bool = True,
+        self, task: ExperimentTask, strategy: tf.distribute.Strategy, role: WorkerRole
     ) -> None:
-        self.config = config
-        self.role = role or worker_role()
-        self.verbose = verbose
-        training = config.training
-        self.manifest = training_data.open_manifest(config)
-        self.io = model_io(config, self.manifest)
-        if config.data.batch_size % (training.gradient_accumulation * self.role.count):
-            raise TrainingSetupError(
-                f"data.batch_size: {config.data.batch_size} is not divisible by "
-                f"gradient_accumulation x workers = {training.gradient_accumulation * self.role.count}"
-            )
-        self.global_micro_batch = config.data.batch_size // training.gradient_accumulation
-        self.steps_per_epoch = training_data.steps_per_epoch(
-            self.manifest, config.data.train_split, config.data.batch_size
-        )
-        self.total_steps = training.steps or training.epochs * self.steps_per_epoch
-        check_writable(config.checkpoint_path)
+        config, training = task.config, task.config.training
+        global_micro_batch, worker_micro_batch = micro_batch_sizes(config, role.count)
+        self.task = task
+        self.strategy = strategy
+        self.role = role
+        self.accumulation = training.gradient_accumulation
+        self.global_update_batch = global_micro_batch * self.accumulation
         self.precision = resolve_precision(training.precision)
-
-    # -- construction --------------------------------------------------------------
-    def prepare(self) -> None:
-        """Build strategy, data, model, optimizer and checkpoints (no step is taken)."""
-        config, training = self.config, self.config.training
+        self.loss_only_finiteness = needs_loss_scaling(self.precision)
         configure_determinism(config)
         apply_precision(self.precision)
-        self.strategy = choose_strategy(self.role)
         context = tf.distribute.InputContext(
-            num_input_pipelines=self.role.count,
-            input_pipeline_id=self.role.index,
-            num_replicas_in_sync=self.strategy.num_replicas_in_sync,
+            num_input_pipelines=role.count,
+            input_pipeline_id=role.index,
+            num_replicas_in_sync=strategy.num_replicas_in_sync,
         )
-        per_worker = self.global_micro_batch // self.role.count
-        self.dataset = training_data.training_dataset(
-            config, self.io, micro_batch=per_worker, input_context=context
+        self.iterator = iter(
+            task.build_inputs(
+                config.data.train_split,
+                batch_size=worker_micro_batch,
+                training=True,
+                input_context=context,
+            )
         )
-        with self.strategy.scope():
-            self.model = build_model(config.model, self.io.inputs, self.io.heads)
+        with strategy.scope():
+            self.model = task.build_model()
             self.lr_scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="lr_scale")
             self.optimizer, self.schedule = build_optimizer(
                 training.optimizer,
                 training.schedule,
-                self.total_steps,
+                task.total_steps,
                 self.lr_scale,
-                loss_scaling=needs_loss_scaling(self.precision),
+                loss_scaling=self.loss_only_finiteness,
             )
             self.optimizer.build(self.model.trainable_variables)
-            self.epoch = tf.Variable(0, trainable=False, dtype=tf.int64, name="epoch")
-        compiled = compile_args(self.io.heads)
-        self.update_step = UpdateStep(
-            self.strategy,
-            self.model,
-            self.optimizer,
-            compiled["loss"],
-            compiled["loss_weights"],
-            global_micro_batch=self.global_micro_batch,
-            accumulation=training.gradient_accumulation,
-            loss_only_finiteness=needs_loss_scaling(self.precision),
-        )
-        self.iterator = iter(self.dataset)
-        self.keeper = CheckpointKeeper(
-            config.checkpoint_path,
-            tf.train.Checkpoint(
-                model=self.model,
-                optimizer=self.optimizer,
-                epoch=self.epoch,
-                lr_scale=self.lr_scale,
-                random=random_generators(self.model),
-            ),
-            keep=config.checkpoint.keep,
-            keep_every_hours=config.checkpoint.keep_every_hours,
-            every_steps=config.checkpoint.every_steps,
-            every_seconds=config.checkpoint.every_seconds,
-            is_chief=self.role.is_chief,
-            worker_index=self.role.index,
-            strategy=self.strategy,
-        )
-        # Each worker reads its own part of the data, so each keeps its own position.
-        self.input_keeper = CheckpointKeeper(
-            config.checkpoint_path / "input" / f"worker-{self.role.index}",
-            tf.train.Checkpoint(iterator=self.iterator),
-            # One more than the main checkpoints: it is saved first, so a kill right after
-            # it must still leave the position of the previous committed step.
-            keep=config.checkpoint.keep + 1,
-            keep_every_hours=config.checkpoint.keep_every_hours,
-        )
-        self._execution = self._compile_execution()
+            self._consecutive_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self._skipped_updates = tf.Variable(0, dtype=tf.int64, trainable=False)
+            accumulate = self.accumulation > 1
+            variables = self.model.trainable_variables
+            self._accumulators = [_replica_local_zeros(v) for v in variables] if accumulate else []
+            self._loss_accumulator = (
+                _replica_local_zeros(tf.zeros((), tf.float32)) if accumulate else None
+            )
+        self._losses = per_example_losses(task.build_losses())
+        self._loss_weights = task.loss_weights
+        self._execute = self._compile_execution()
         # Traced once per run, not once per evaluation.
         self._predict = tf.function(lambda features: self.model(features, training=False))
 
-    def _compile_execution(self) -> Any:
-        update = self.update_step.update
-        schedule = self.schedule
-
-        @tf.function
-        def execute(iterator: Any, num_updates: tf.Tensor, stop: tf.Tensor) -> Any:
-            loss = tf.constant(0.0)
-            norm = tf.constant(0.0)
-            any_stop = tf.constant(0.0)
-            for _ in tf.range(num_updates):
-                loss, norm, any_stop = update(iterator, stop)
-            return loss, norm, any_stop, schedule(self.optimizer.iterations)
-
-        return execute
-
-    # -- checkpoints -----------------------------------------------------------------
+    # -- state the Controller reads, keeps and repairs ------------------------------------
     @property
     def step(self) -> int:
         return int(self.optimizer.iterations.numpy())
 
-    def _save(self, log: RunLog, *, force: bool = False) -> None:
-        step = self.step
-        if force or self.keeper.should_save(step):
-            # The input position goes first: the main checkpoint's commit marker is what
-            # makes step ``step`` resumable, so its input position must already be on disk
-            # whenever that marker exists (a kill between the two leaves the previous step).
-            self.input_keeper.save(step)
-            self.keeper.save(step)
+    @property
+    def checkpointed(self) -> dict[str, Any]:
+        """The objects a checkpoint must hold (the iterator has its own, per worker)."""
+        return {
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "lr_scale": self.lr_scale,
+            "random": random_generators(self.model),
+        }
 
-    def _restore(self, log: RunLog) -> int | None:
-        step = self.keeper.restore_latest()
-        if step is None:
-            return None
-        if self.input_keeper.restore(step) is None:
-            log.event(step, "no saved input position for this worker; reading from the start")
-        return step
+    @property
+    def consecutive_nonfinite(self) -> int:
+        """Updates skipped in a row because their loss or gradients were not finite."""
+        return int(self._consecutive_nonfinite.numpy())
 
-    # -- the loop --------------------------------------------------------------------
-    def run(self) -> TrainOutcome:
-        self.prepare()
-        config = self.config
-        log = RunLog(
-            config.run_path, self.total_steps, is_chief=self.role.is_chief, verbose=self.verbose
-        )
-        flag = PreemptionFlag().install()
-        restores = 0
-        try:
-            resumed = self._restore(log)
-            if resumed is not None:
-                log.event(resumed, f"resumed from checkpoint at step {resumed}")
-            per_execution = config.training.steps_per_execution
-            examples_seen, busy = 0, 0.0
-            while self.step < self.total_steps:
-                count = min(per_execution, self.total_steps - self.step)
-                started = time.perf_counter()
-                loss, norm, stop, rate = self._execution(
-                    self.iterator, tf.constant(count), tf.constant(float(flag.requested))
-                )
-                loss, norm, stop, rate = float(loss), float(norm), float(stop), float(rate)
-                busy += time.perf_counter() - started
-                examples_seen += count * config.data.batch_size
-                step = self.step
-                self.epoch.assign(step // self.steps_per_epoch)
-                log.heartbeat(step)
-                values = {
-                    "loss": loss,
-                    "gradient_norm": norm,
-                    "learning_rate": rate,
-                    "examples_per_second": examples_seen / max(busy, 1e-9),
-                }
-                log.scalars(step, values)
-                log.progress(step, {"loss": loss})
-                if stop > 0:
-                    self._save(log, force=True)
-                    log.event(step, f"preempted ({flag.signal_name or 'peer'}); checkpoint saved")
-                    return self._outcome(EXIT_PREEMPTED, examples_seen, busy, restores)
-                if not self._finite_enough(log):
-                    restores += 1
-                    if restores > config.training.nonfinite.max_restores:
-                        log.event(step, "loss keeps diverging; giving up")
-                        return self._outcome(EXIT_DIVERGED, examples_seen, busy, restores)
-                    continue
-                self._save(log)
-                if (
-                    config.training.eval_every_steps
-                    and step % config.training.eval_every_steps == 0
-                ):
-                    self._log_evaluation(log, config.data.eval_split)
-            self._save(log, force=True)
-            outcome = self._outcome(EXIT_OK, examples_seen, busy, restores)
-            outcome.weights_sha256 = weights_digest(self.model)
-            outcome.metrics = self._final_metrics(log)
-            return outcome
-        finally:
-            flag.uninstall()
-            log.close()
+    @property
+    def skipped_updates(self) -> int:
+        """Updates skipped by this process (a restore does not roll the count back)."""
+        return int(self._skipped_updates.numpy())
 
-    def _finite_enough(self, log: RunLog) -> bool:
-        """After too many non-finite updates in a row, go back to the last checkpoint.
+    def forget_nonfinite(self) -> None:
+        """Start counting non-finite updates in a row afresh (after a restore)."""
+        self._consecutive_nonfinite.assign(0)
 
-        Weights and optimizer return to the checkpoint, but the input keeps moving
-        forward, so the batches that diverged are not replayed (as large-scale training
-        does after a loss spike), and the learning rate is lowered.
+    # -- training ----------------------------------------------------------------------
+    def train(self, num_updates: int, *, stop_requested: bool) -> Execution:
+        """Run ``num_updates`` updates in one compiled execution.
+
+        ``stop_requested`` is this worker's vote to stop; every worker learns whether
+        any of them voted, so all stop after the same update.
         """
-        state = self.update_step.state
-        policy = self.config.training.nonfinite
-        consecutive = int(state.consecutive_nonfinite.numpy())
-        if consecutive == 0:
-            return True
-        log.event(self.step, f"non-finite loss: update skipped ({consecutive} in a row)")
-        if consecutive < policy.max_consecutive:
-            return True
-        scale = float(self.lr_scale.numpy()) * policy.learning_rate_factor
-        restored = self.keeper.restore_latest()
-        self.lr_scale.assign(scale)
-        state.consecutive_nonfinite.assign(0)
-        where = f"checkpoint {restored}" if restored is not None else "no checkpoint yet"
-        log.event(
-            self.step,
-            f"{consecutive} non-finite updates in a row: restored {where}; learning rate "
-            f"now {scale:g} x schedule",
+        loss, norm, stop, rate = self._execute(
+            self.iterator, tf.constant(num_updates), tf.constant(float(stop_requested))
         )
-        return False
+        return Execution(float(loss), float(norm), float(rate), float(stop) > 0)
 
-    def _outcome(self, code: int, examples: int, busy: float, restores: int) -> TrainOutcome:
-        return TrainOutcome(
-            exit_code=code,
-            step=self.step,
-            precision=self.precision,
-            examples_per_second=examples / max(busy, 1e-9),
-            skipped_updates=int(self.update_step.state.skipped_updates.numpy()),
-            restores=restores,
+    def _compile_execution(self) -> Any:
+        update, schedule, optimizer = self._update, self.schedule, self.optimizer
+
+        @tf.function
+        def execute(iterator: Any, num_updates: tf.Tensor, stop: tf.Tensor) -> Any:
+            total = tf.constant(0.0)
+            norm = tf.constant(0.0)
+            any_stop = tf.constant(0.0)
+            for _ in tf.range(num_updates):
+                loss, norm, any_stop = update(iterator, stop)
+                total += loss
+            mean = total / tf.cast(num_updates, tf.float32)
+            return mean, norm, any_stop, schedule(optimizer.iterations)
+
+        return execute
+
+    def _update(self, iterator: Any, stop: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Consume ``accumulation`` batches from ``iterator`` and apply one update.
+
+        Returns the update's mean loss, global gradient norm and whether any worker
+        asked to stop, all identical on every replica.
+        """
+        strategy = self.strategy
+        if self.accumulation == 1:
+            features, labels = next(iterator)
+            result = strategy.run(self._update_single, args=(features, labels, stop))
+        else:
+            for _ in range(self.accumulation):
+                features, labels = next(iterator)
+                strategy.run(self._accumulate, args=(features, labels))
+            result = strategy.run(self._update_accumulated, args=(stop,))
+        loss, norm, finite, stop = (strategy.experimental_local_results(v)[0] for v in result)
+        consecutive = self._consecutive_nonfinite
+        consecutive.assign(tf.where(finite, tf.constant(0, tf.int64), consecutive + 1))
+        self._skipped_updates.assign_add(tf.cast(tf.logical_not(finite), tf.int64))
+        return loss, norm, stop
+
+    # -- replica functions -------------------------------------------------------------
+    def _example_losses(self, labels: Any, outputs: Any) -> tf.Tensor:
+        """Weighted sum of every head's loss, one value per example."""
+        total = None
+        for name, loss in self._losses.items():
+            value = loss(labels[name], outputs[name])
+            while value.shape.rank and value.shape.rank > 1:
+                value = tf.reduce_mean(value, axis=-1)
+            value = tf.cast(value, tf.float32) * self._loss_weights.get(name, 1.0)
+            total = value if total is None else total + value
+        return total
+
+    def _gradients(self, features: Any, labels: Any) -> tuple[list[tf.Tensor], tf.Tensor]:
+        with tf.GradientTape() as tape:
+            outputs = self.model(features, training=True)
+            example_losses = self._example_losses(labels, outputs)
+            loss = tf.reduce_sum(example_losses) / float(self.global_update_batch)
+            if self.model.losses:
+                replicas = self.strategy.num_replicas_in_sync
+                loss += tf.add_n(self.model.losses) / float(replicas * self.accumulation)
+            scaled = self.optimizer.get_scaled_loss(loss)
+        variables = self.model.trainable_variables
+        gradients = self.optimizer.get_unscaled_gradients(tape.gradient(scaled, variables))
+        return gradients, loss
+
+    def _accumulate(self, features: Any, labels: Any) -> None:
+        gradients, loss = self._gradients(features, labels)
+        for accumulator, gradient in zip(self._accumulators, gradients, strict=True):
+            accumulator.assign_add(gradient)
+        self._loss_accumulator.assign_add(loss)
+
+    def _apply(self, gradients: list[tf.Tensor], loss: tf.Tensor, stop: tf.Tensor) -> Any:
+        context = tf.distribute.get_replica_context()
+        gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
+        loss = context.all_reduce(tf.distribute.ReduceOp.SUM, loss)
+        # A value passed into the replica function has no device for the collective until it
+        # is an op of the replica's own (MultiWorkerMirroredStrategy refuses it otherwise).
+        stop = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(stop))  # > 0: asked
+        norm = tf.linalg.global_norm(gradients)
+        finite = tf.math.is_finite(loss)
+        if not self.loss_only_finiteness:
+            finite = tf.logical_and(finite, tf.math.is_finite(norm))
+        self.optimizer.apply_gradients(
+            zip(gradients, self.model.trainable_variables, strict=True),
+            skip_gradients_aggregation=True,
         )
+        return loss, norm, finite, stop
 
-    # -- evaluation ------------------------------------------------------------------
+    def _update_single(self, features: Any, labels: Any, stop: tf.Tensor) -> Any:
+        gradients, loss = self._gradients(features, labels)
+        return self._apply(gradients, loss, stop)
+
+    def _update_accumulated(self, stop: tf.Tensor) -> Any:
+        gradients = [accumulator.read_value() for accumulator in self._accumulators]
+        loss = self._loss_accumulator.read_value()
+        result = self._apply(gradients, loss, stop)
+        for accumulator in self._accumulators:
+            accumulator.assign(tf.zeros_like(accumulator))
+        self._loss_accumulator.assign(0.0)
+        return result
+
+    # -- evaluation --------------------------------------------------------------------
     def evaluate(self, split: str) -> dict[str, float]:
-        """Loss and metrics of the current weights on one split.
+        """Loss and metrics of the current weights on one split (see ``evaluation_names``).
 
         Every worker runs the same ordered pass: reading batch-norm statistics (kept per
         replica) averages them across workers, a collective all of them must join.
         """
-        compiled = compile_args(self.io.heads)
-        losses = compiled["loss"]
-        weights = compiled["loss_weights"]
-        metrics = {name: list(items) for name, items in compiled["metrics"].items()}
-        total, count = 0.0, 0
-        dataset = training_data.evaluation_dataset(
-            self.config, self.io, split, self.config.data.batch_size
-        )
+        losses = self.task.build_losses()
+        weights = self.task.loss_weights
+        metrics = self.task.build_metrics()
+        sums = dict.fromkeys(losses, 0.0)
+        count = 0
+        dataset = self.task.build_inputs(split, batch_size=self.task.config.data.batch_size)
         for features, labels in dataset:
             outputs = self._predict(features)
             batch = int(next(iter(labels.values())).shape[0])
-            batch_loss = sum(
-                float(loss(labels[name], outputs[name])) * weights[name]
-                for name, loss in losses.items()
-            )
-            total += batch_loss * batch
             count += batch
+            for name, loss in losses.items():
+                sums[name] += float(loss(labels[name], outputs[name])) * batch
             for name, items in metrics.items():
                 for metric in items:
                     metric.update_state(labels[name], outputs[name])
-        results = {"loss": total / max(count, 1), "examples": float(count)}
+        examples = max(count, 1)
+        results = {"loss": sum(sums[name] * weights[name] for name in losses) / examples}
         for name, items in metrics.items():
+            if len(losses) > 1:
+                results[f"{name}_loss"] = sums[name] / examples
             for metric in items:
                 results[f"{name}_{metric.name}"] = float(metric.result())
+        results["examples"] = float(count)
         return results
-
-    def _log_evaluation(self, log: RunLog, split: str | None) -> dict[str, float]:
-        if split is None:
-            return {}
-        results = self.evaluate(split)
-        log.scalars(self.step, results, kind=split)
-        return results
-
-    def _final_metrics(self, log: RunLog) -> dict[str, dict[str, float]]:
-        metrics = {}
-        for split in (self.config.data.eval_split, self.config.data.test_split):
-            if split is not None:
-                metrics[split] = self._log_evaluation(log, split)
-        return metrics
-
-
-def train(config: ExperimentConfig, *, verbose: bool = True) -> tuple[Trainer, TrainOutcome]:
-    trainer = Trainer(config, verbose=verbose)
-    return trainer, trainer.run()
-
-
-def model_path(config: ExperimentConfig) -> Path:
-    return config.resolve(config.export.model_root) / (config.export.model_name or config.name)

@@ -1,7 +1,8 @@
 """Experiment configs: one YAML file says what to train, on what data, and how.
 
 Loaded into typed, validated objects so that a typo or a wrong type fails before any
-step runs, with the file, line and key path in the message. Relative paths in an
+step runs, with the file, line and key path in the message. The model section may be
+left out by a script that builds its own model (``ExperimentTask(config, model_fn=...)``). Relative paths in an
 experiment are relative to the experiment file, so an experiment and its data can
 move together.
 """
@@ -15,8 +16,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from research.configs import StrictModel, load_yaml_model
-from research.models import ModelConfig
+from contracts.yaml_config import StrictModel, load_yaml_model
+from research.models.configs import ModelConfig
 from research.models.specs import HeadSpec
 
 Precision = Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"]
@@ -105,7 +106,9 @@ class ExperimentConfig(StrictModel):
     seed: int = 0
     run_dir: str | None = Field(default=None, description="default: runs/<name>")
     data: DataConfig
-    model: ModelConfig
+    model: ModelConfig | None = Field(
+        default=None, description="the zoo or Python model; a script may pass model_fn instead"
+    )
     heads: dict[str, HeadSpec] | None = Field(
         default=None, description="override heads derived from the dataset's labels"
     )
@@ -113,6 +116,7 @@ class ExperimentConfig(StrictModel):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
     base_dir: str = Field(default=".", exclude=True)
+    source: str = Field(default="experiment", exclude=True, description="named in errors")
 
     def resolve(self, path: str) -> Path:
         candidate = Path(path).expanduser()
@@ -134,7 +138,11 @@ class ExperimentConfig(StrictModel):
 
 
 def load_experiment(path: str | Path) -> ExperimentConfig:
-    """Read an experiment YAML; a ConfigError names the file, line and key."""
+    """Read an experiment YAML; a ConfigError names the file, line and key.
+
+    Only pydantic and YAML are involved, so a broken file is reported before TensorFlow
+    would have finished loading.
+    """
     path = Path(path)
     config = load_yaml_model(path, ExperimentConfig)
-    return config.model_copy(update={"base_dir": str(path.resolve().parent)})
+    return config.model_copy(update={"base_dir": str(path.resolve().parent), "source": str(path)})

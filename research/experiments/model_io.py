@@ -1,22 +1,18 @@
-"""The model an experiment trains on its dataset: named inputs and heads, and the
-batches that feed them.
+"""The experiment's view of its dataset: the manifest, and the model's named inputs and heads.
 
-Both the trainer and the hyper-parameter search derive the model's interface with these
-rules, so a config that tunes is a config that trains.
+Derived from the experiment and the dataset manifest alone, with no TensorFlow import,
+so that a mismatch between the two (a split or feature the dataset lacks, a head
+without a label) is reported before anything loads. The experiment Task builds everything else
+on this interface, so a config that tunes is a config that trains.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-import tensorflow as tf
-
-from research.configs import ConfigError
-from research.data.manifest import Manifest
+from contracts.dataset_manifest import DatasetError, Manifest, load_manifest
+from contracts.yaml_config import ConfigError
 from research.experiments.config import ExperimentConfig
-from research.models.gpt import next_token_pairs
 from research.models.specs import (
     HeadSpec,
     InputSpec,
@@ -45,13 +41,15 @@ class ModelIO:
         return next(iter(self.heads))
 
 
-def model_io(config: ExperimentConfig, manifest: Manifest, source: str = "experiment") -> ModelIO:
+def model_io(config: ExperimentConfig, manifest: Manifest) -> ModelIO:
     """Inputs and heads derived from the manifest by the trainer's rules.
 
     Inputs are ``data.features`` (default: every feature that is not a label); heads are
     the experiment's ``heads`` or one per ``data.labels`` (default: every label),
-    weighted by ``training.loss_weights``. A ConfigError names ``source`` and the key.
+    weighted by ``training.loss_weights``. A ConfigError names the experiment's source
+    and the key.
     """
+    source = config.source
     features = manifest.features
     inputs_available = [name for name, spec in features.items() if not spec.is_label]
     wanted = config.data.features or inputs_available
@@ -101,17 +99,17 @@ def model_io(config: ExperimentConfig, manifest: Manifest, source: str = "experi
     return io
 
 
-def as_head_labels(io: ModelIO) -> Callable[..., Any]:
-    """Batch elements -> ``(features, {head: labels})``; next-token pairs for a language model."""
-    heads = list(io.heads)
-    first_input = next(iter(io.inputs))
-
-    def convert(features: Mapping[str, tf.Tensor], labels: Any = None) -> Any:
-        if io.language_model:
-            inputs, targets = next_token_pairs(features[first_input])
-            return {first_input: inputs}, {heads[0]: targets}
-        if not isinstance(labels, Mapping):
-            labels = {heads[0]: labels}
-        return features, {name: labels[name] for name in heads}
-
-    return convert
+def open_manifest(config: ExperimentConfig) -> Manifest:
+    """The experiment's dataset manifest, with every split the experiment names checked."""
+    try:
+        manifest = load_manifest(config.resolve(config.data.dataset))
+    except DatasetError as exc:
+        raise ConfigError(f"{config.source}: data.dataset: {exc}") from None
+    for key in ("train_split", "eval_split", "test_split"):
+        split = getattr(config.data, key)
+        if split is not None and split not in manifest.splits:
+            raise ConfigError(
+                f"{config.source}: data.{key}: the dataset has no split {split!r} "
+                f"(it has {sorted(manifest.splits)})"
+            )
+    return manifest

@@ -1,6 +1,5 @@
-"""Hyper-parameter search: a space file over an experiment's keys, searched with keras-tuner.
+"""Search spaces: which keys of an experiment a hyper-parameter search varies, and how.
 
-``space`` reads and checks search spaces; ``search`` runs them (``run_search``) and writes
-each search's results and best experiment. Nothing is imported here so that the command
-line can register ``slipway tune`` without loading TensorFlow.
+Only reading and checking space files lives here (no TensorFlow); the search itself
+trains every trial like ``slipway train`` does, so it lives in ``training.search``.
 """

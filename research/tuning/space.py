@@ -35,7 +35,7 @@ from pydantic import (
     field_validator,
 )
 
-from research.configs import ConfigError, StrictModel, load_yaml_model, parse_model
+from contracts.yaml_config import ConfigError, StrictModel, load_yaml_model, parse_model
 from research.experiments.config import ExperimentConfig
 from research.models.config_types import tagged_union
 
@@ -137,7 +137,8 @@ class TunerSettings(StrictModel):
 
     ``max_trials`` bounds every tuner (Hyperband stops at its own schedule's end if that
     comes first). ``max_epochs`` is each random/bayesian trial's length and Hyperband's
-    longest; by default the experiment's ``training.epochs``. ``factor`` is Hyperband's
+    longest (its shorter trials stop early in a run of that length), and what the best
+    experiment trains for; by default the experiment's ``training.epochs``. ``factor`` is Hyperband's
     reduction factor, ``initial_points`` the random trials a Bayesian search starts with
     (keras-tuner's default: three per parameter). ``direction`` defaults to ``max`` for
     accuracies and ``min`` otherwise; ``seed`` to the experiment's seed.
@@ -185,8 +186,8 @@ def experiment_with(
 ) -> ExperimentConfig:
     """The experiment ``raw`` (its YAML mapping) with ``values`` applied, validated.
 
-    ``source`` prefixes any ConfigError; ``base_dir`` is where the experiment's relative
-    paths are resolved from (its own directory).
+    ``source`` prefixes any ConfigError (and the experiment's later ones); ``base_dir``
+    is where the experiment's relative paths are resolved from (its own directory).
     """
     data: Mapping[str, Any] = raw
     for path, value in values.items():
@@ -195,7 +196,7 @@ def experiment_with(
         except ValueError as exc:
             raise ConfigError(f"{source}: {path}: {exc}") from None
     config = parse_model(dict(data), ExperimentConfig, source=source)
-    return config.model_copy(update={"base_dir": str(base_dir)})
+    return config.model_copy(update={"base_dir": str(base_dir), "source": source})
 
 
 def _key_lines(text: str) -> dict[tuple[str, str], int]:

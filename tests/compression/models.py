@@ -18,14 +18,17 @@ import tf_keras as keras
 import yaml
 
 from compression.finetune import fine_tune, training_data
-from research.data.manifest import load_manifest
+from contracts.dataset_manifest import load_manifest
+from contracts.model_manifest import write_model_manifest
+from contracts.model_repository import publish_version
 from research.data.pipeline import build_dataset
 from research.data.spec import load_spec
 from research.data.synthetic import write_corpus_jsonl
 from research.experiments.model_io import ModelIO
-from research.models import build_model, head_spec_from_feature, input_spec_from_feature
+from research.models import head_spec_from_feature, input_spec_from_feature
+from research.models.registry import build_model
 from tests.training.experiments import build_digits_dataset
-from training.export import publish_version, save_serving_model, write_model_manifest
+from training.export import save_serving_model
 from training.publish import label_descriptions
 
 SEQUENCE_LENGTH = 24

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from contracts.model_manifest import MANIFEST_FILE, verify_model_dir
 from slipway.cli import main
 from tests.compression.models import SourceModel, publish_source
-from training.export import MANIFEST_FILE, verify_model_dir
 
 
 @pytest.fixture(scope="module")

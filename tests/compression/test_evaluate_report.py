@@ -39,16 +39,12 @@ from compression.pipeline import (
 )
 from compression.report import FAILED, PASSED
 from compression.result import CompressedModel
+from contracts.dataset_manifest import load_manifest
+from contracts.model_manifest import MANIFEST_FILE, verify_model_dir, write_model_manifest
+from contracts.model_repository import publish_version
 from research.data.input_pipeline import make_dataset
-from research.data.manifest import load_manifest
 from tests.compression.models import SourceModel, publish_source
-from training.export import (
-    MANIFEST_FILE,
-    publish_version,
-    save_serving_model,
-    verify_model_dir,
-    write_model_manifest,
-)
+from training.export import save_serving_model
 
 FAST = EvalSettings(latency_runs=30, warmup_runs=3, throughput_seconds=0.0)
 

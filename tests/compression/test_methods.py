@@ -62,6 +62,21 @@ class Zoo:
         return float(np.mean(np.argmax(predictions[name], -1) == self.test_labels))
 
 
+def m_by_n_violations(
+    kernel: np.ndarray, m: int = pruning.M_BY_N[0], n: int = pruning.M_BY_N[1]
+) -> int:
+    """Groups of ``n`` consecutive input-dimension weights with fewer than ``m`` zeros.
+
+    The input dimension of a Dense ``(in, out)`` or Conv2D ``(h, w, in, out)`` kernel is
+    the second to last axis; groups are taken along it for every output (and position).
+    """
+    inputs = np.moveaxis(np.asarray(kernel), -2, -1).reshape(-1, kernel.shape[-2])
+    if inputs.shape[1] % n:
+        raise ValueError(f"input width {inputs.shape[1]} is not a multiple of {n}")
+    groups = inputs.reshape(inputs.shape[0], -1, n)
+    return int(np.sum(np.sum(groups == 0, axis=-1) < m))
+
+
 def _first_batch(dataset_dir: Path, model: keras.Model) -> tuple[dict[str, np.ndarray], Any]:
     """One unshuffled test batch: inputs by model name, and the class labels."""
     inputs = named_inputs(model)
@@ -315,7 +330,7 @@ def test_structured_2_4_pruning_zeroes_two_of_every_four_inputs(zoo: dict[str, Z
         kernel = result.keras_model.get_layer(name).kernel.numpy()
         groups = np.moveaxis(kernel, -2, -1).reshape(-1, 4)  # runs of 4 along the input dim
         assert np.all(np.sum(groups == 0, axis=1) >= 2), name
-        assert pruning.m_by_n_violations(kernel) == 0
+        assert m_by_n_violations(kernel) == 0
     assert {"stage0_block0_2_conv", "label_logits"} <= set(result.details["sparsity"])
     # One input channel cannot be split into groups of four: the stem stays dense.
     assert "input width 1" in result.details["unpruned_layers"]["stem_conv"]

@@ -7,7 +7,8 @@ import tf_keras as keras
 
 from compression import ptq
 from compression.loading import load_version
-from training.export import save_serving_model, write_model_manifest
+from contracts.model_manifest import write_model_manifest
+from training.export import save_serving_model
 
 
 def test_a_bfloat16_trained_model_loads_as_float32_and_converts(tmp_path):

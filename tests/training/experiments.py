@@ -1,4 +1,4 @@
-"""A small real dataset and experiment files for trainer tests."""
+"""A small real dataset, experiment files, and the Trainer and Controller run on them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,12 @@ from typing import Any
 
 import numpy as np
 import yaml
+
+from research.experiments import load_experiment
+from research.experiments.task import ExperimentTask
+from training.controller import Controller, TrainOutcome
+from training.distribution import WorkerRole, choose_strategy
+from training.trainer import Trainer
 
 DIGITS_SPEC = """
 name: digits-vectors
@@ -75,3 +81,19 @@ def write_experiment(directory: Path, dataset: Path, **overrides: Any) -> Path:
     path = directory / "experiment.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def make_trainer(path: Path, **task: Any) -> Trainer:
+    """The Trainer of the experiment at ``path`` in this single process."""
+    role = WorkerRole(index=0, count=1)
+    return Trainer(ExperimentTask(load_experiment(path), **task), choose_strategy(role), role)
+
+
+def run(trainer: Trainer, **train: Any) -> TrainOutcome:
+    """Train as ``slipway train`` does (without publishing); the outcome has the held-out
+    results."""
+    eval_every = trainer.task.config.training.eval_every_steps
+    with Controller(trainer, eval_every_steps=eval_every, progress=False) as controller:
+        outcome = controller.train(**train)
+        outcome.metrics = controller.evaluate_held_out()
+    return outcome

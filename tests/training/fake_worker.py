@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from contracts.atomic_files import write_json_atomically
 from training.launcher import HEARTBEAT_ENV, WORKER_INDEX_ENV, write_heartbeat
 from training.preemption import EXIT_PREEMPTED
 
@@ -44,13 +45,6 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def save(path: Path, state: dict[str, int]) -> None:
-    """Atomically, like a checkpoint: a kill mid-write must not lose the steps done."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(state))
-    os.replace(tmp, path)
-
-
 def main() -> int:
     args = parse_args()
     index = int(os.environ[WORKER_INDEX_ENV])
@@ -66,7 +60,7 @@ def main() -> int:
     state = json.loads(state_file.read_text()) if state_file.exists() else {"step": 0}
     state["attempts"] = state.get("attempts", 0) + 1
     state["pid"] = os.getpid()
-    save(state_file, state)
+    write_json_atomically(state_file, state)
     misbehaves = args.only_worker in (None, index) and (args.always or state["attempts"] == 1)
 
     terminated = False
@@ -95,7 +89,7 @@ def main() -> int:
             return 3
         time.sleep(args.step_time)
         state["step"] = step
-        save(state_file, state)
+        write_json_atomically(state_file, state)
         write_heartbeat(heartbeat, step)
         print(f"worker {index} step {step}/{args.steps}", flush=True)
     return 0

@@ -14,17 +14,14 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from training.export import (
+from contracts.model_manifest import (
     MANIFEST_FILE,
-    VersionExistsError,
-    existing_versions,
     file_checksums,
-    git_commit,
-    publish_version,
-    save_serving_model,
     verify_model_dir,
     write_model_manifest,
 )
+from contracts.model_repository import VersionExistsError, existing_versions, publish_version
+from training.export import git_commit, save_serving_model
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,159 @@
+"""Training an experiment Task end to end: the entry point ``slipway train`` and scripts share.
+
+A researcher's script::
+
+    from research.experiments import load_experiment
+    from research.experiments.task import ExperimentTask
+    from training.run import train
+
+    if __name__ == "__main__":
+        task = ExperimentTask(load_experiment("experiment.yaml"), model_fn=build)
+        outcome = train(task, workers=2)
+
+gets everything ``slipway train experiment.yaml`` gets: checkpoints that a rerun of the
+same script resumes bit-for-bit after a crash or a SIGKILL, preemption handling (SIGTERM
+saves at the next step boundary and the call returns exit code 143), the experiment's
+precision and gradient accumulation, evaluation, and a new version of the model in the
+model repository (``export=False`` skips it).
+
+``workers=N`` with N > 1 works spawn-style, like multiprocessing's "spawn" start method.
+In the launching process the call becomes a supervisor (restarts on failure, see
+``training.supervisor``) that starts N copies of the same command line — the same
+interpreter with its original arguments, so ``python script.py`` and ``python -m
+package`` both work — each with a ``TF_CONFIG`` naming its place in the group. In each
+copy the same ``train`` call finds that it is a worker, trains as that worker, and then
+*ends the process* with the worker's exit code: code after ``train`` runs only in the
+launching process, which gets an outcome with the group's exit code and the last
+committed step (worker logs are under ``<run_dir>/workers``). The script must therefore
+reach ``train`` with the same task every time, and be a script: an interactive session
+or a notebook cannot be started again as a copy of itself. A process that already has a
+``TF_CONFIG`` (a Kubeflow TFJob, ``slipway train --worker``) trains as the worker it
+names.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from research.experiments.task import ExperimentTask
+from training.checkpoints import latest_committed_step
+from training.controller import Controller, TrainOutcome, check_writable
+from training.distribution import WorkerRole, choose_strategy, worker_role
+from training.errors import (
+    EXIT_DIVERGED,
+    EXIT_INVALID,
+    EXIT_OK,
+    USER_ERRORS,
+    TrainingSetupError,
+)
+from training.supervisor import Supervisor
+from training.trainer import Trainer, micro_batch_sizes
+
+console = Console()
+
+
+def train(
+    task: ExperimentTask,
+    *,
+    workers: int = 1,
+    export: bool = True,
+    progress: bool = True,
+    max_restarts: int = 3,
+) -> TrainOutcome:
+    """Train ``task`` to its last step, evaluate it on the held-out splits and publish it.
+
+    ``progress`` shows a progress bar; ``max_restarts`` bounds how often a supervisor of
+    several workers restarts the group after a failure. See the module documentation
+    for ``workers``.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1. Received: workers={workers}")
+    if workers > 1 and "TF_CONFIG" not in os.environ:
+        return _supervise(task, workers, max_restarts=max_restarts)
+    role = worker_role()
+    if workers == 1:
+        return _train_here(task, role, export=export, progress=progress)
+    try:
+        outcome = _train_here(task, role, export=export, progress=progress)
+    except USER_ERRORS as exc:
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        sys.exit(EXIT_INVALID)
+    sys.exit(outcome.exit_code)
+
+
+def export_latest(task: ExperimentTask) -> tuple[int, Path]:
+    """Publish the weights of the experiment's latest committed checkpoint, with their
+    results on the held-out splits; ``(version, directory)``."""
+    role = WorkerRole(index=0, count=1)
+    trainer = Trainer(task, choose_strategy(role), role)
+    with Controller(trainer, eval_every_steps=None, progress=False) as controller:
+        step = controller.restore()
+        if step is None:
+            raise TrainingSetupError(
+                f"checkpoint.directory: no committed checkpoint in {task.config.checkpoint_path}"
+            )
+        published = controller.publish(
+            controller.evaluate_held_out(), extra={"checkpoint_step": step}
+        )
+    assert published is not None  # a single process is the chief
+    return published
+
+
+def _check_setup(task: ExperimentTask, workers: int) -> None:
+    """What would fail a run (or every worker of one) before its first step."""
+    micro_batch_sizes(task.config, workers)
+    check_writable(task.config.checkpoint_path)
+
+
+def _train_here(
+    task: ExperimentTask, role: WorkerRole, *, export: bool, progress: bool
+) -> TrainOutcome:
+    _check_setup(task, role.count)
+    config = task.config
+    trainer = Trainer(task, choose_strategy(role), role)
+    eval_every = config.training.eval_every_steps
+    with Controller(trainer, eval_every_steps=eval_every, progress=progress) as controller:
+        outcome = controller.train()
+        if outcome.exit_code == EXIT_OK:
+            outcome.metrics = controller.evaluate_held_out()
+            if export:
+                outcome.published = controller.publish(outcome.metrics)
+    if outcome.exit_code == EXIT_OK:
+        _report(outcome)
+    return outcome
+
+
+def _supervise(task: ExperimentTask, workers: int, *, max_restarts: int) -> TrainOutcome:
+    """Run this very command line as ``workers`` local workers until they finish."""
+    _check_setup(task, workers)
+    config = task.config
+    # orig_argv keeps the interpreter's own options, ``-m package`` among them.
+    command = [sys.executable, *sys.orig_argv[1:]]
+    supervisor = Supervisor(
+        command,
+        workers,
+        max_restarts=max_restarts,
+        log_dir=config.run_path / "workers",
+        permanent_exit_codes=(EXIT_INVALID, EXIT_DIVERGED),
+    )
+    code = supervisor.run()
+    return TrainOutcome(exit_code=code, step=latest_committed_step(config.checkpoint_path) or 0)
+
+
+def _report(outcome: TrainOutcome) -> None:
+    console.print(
+        f"trained {outcome.step} steps ({outcome.precision}, "
+        f"{outcome.examples_per_second:,.0f} examples/s); weights sha256 {outcome.weights_sha256}",
+        soft_wrap=True,
+    )
+    for split, values in outcome.metrics.items():
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in values.items() if k != "examples")
+        console.print(f"  {split}: {shown}", soft_wrap=True)
+    if outcome.published is not None:
+        version, directory = outcome.published
+        console.print(f"published version {version}: {directory}", soft_wrap=True)
