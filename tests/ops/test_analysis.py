@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from contracts.yaml_config import ConfigError
 from ops import stats
 from ops.analysis import (
     AnalysisConfig,
@@ -20,7 +21,6 @@ from ops.analysis import (
     template_variables,
 )
 from ops.measurement import Measurement, SideMeasurement
-from research.configs.loading import ConfigError
 from serving.metrics import LATENCY_BUCKETS, GatewayMetrics
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rollouts" / "analysis.yaml"
