@@ -99,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "foreground until it is promoted or rolled back. An unfinished rollout of the same "
         "version is picked up where it stopped.",
     )
-    start.add_argument("model")
+    start.add_argument("model", help="the served model to roll out")
     start.add_argument("--version", type=int, required=True, help="the canary version")
     start.add_argument(
         "--stable", type=int, help="the stable version (default: the model's 'stable' label)"
@@ -147,7 +147,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _state_dir_argument(start)
     start.set_defaults(handler=run_start)
 
-    status = commands.add_parser("status", help="where rollouts stand")
+    status = commands.add_parser(
+        "status",
+        help="where rollouts stand",
+        description="Show where each rollout stands: step, canary weight, last verdict.",
+    )
     status.add_argument("model", nargs="?", help="one model (default: every model on record)")
     status.add_argument("--watch", action="store_true", help="refresh until interrupted")
     _state_dir_argument(status)
@@ -160,14 +164,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ("abort", "stop the rollout: canary weight 0, canary label removed"),
         ("rollback", "abort, or restore the previous stable version after a promotion"),
     ):
-        command = commands.add_parser(action, help=text)
-        command.add_argument("model")
+        command = commands.add_parser(action, help=text, description=f"{text.capitalize()}.")
+        command.add_argument("model", help="the model whose rollout this acts on")
         command.add_argument("--reason", help="recorded with the command")
         _state_dir_argument(command)
         command.set_defaults(handler=run_command, action=action)
 
-    history = commands.add_parser("history", help="past rollouts of a model and their events")
-    history.add_argument("model")
+    history = commands.add_parser(
+        "history",
+        help="past rollouts of a model and their events",
+        description="List a model's past rollouts, or one rollout's events and timeline.",
+    )
+    history.add_argument("model", help="the model whose rollouts are listed")
     history.add_argument("--rollout", metavar="ID", help="show this rollout's events")
     history.add_argument("--timeline", type=Path, metavar="PNG",
                          help="draw the rollout's timeline (the latest unless --rollout)")  # fmt: skip
@@ -178,10 +186,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def __getattr__(name: str) -> Any:
     """``USER_ERRORS``, imported only when asked for so ``slipway --help`` stays instant."""
     if name == "USER_ERRORS":
+        from contracts.yaml_config import ConfigError
         from ops.gateway_admin import GatewayAdminError, UnknownModelError
         from ops.measurement import MetricsUnavailable
         from ops.state import RolloutLocked, StateError
-        from research.configs.loading import ConfigError
 
         return (
             ConfigError,

@@ -1,3 +1,3 @@
-from slipway.cli import main
+from slipway.cli import run
 
-raise SystemExit(main())
+run()

@@ -10,18 +10,20 @@ one clear line (exit 2) instead of a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from rich.console import Console
 from rich.markup import escape
 
+from slipway.native_logs import filter_start_up_noise
+
 # Modules whose ``register`` adds sub-commands, in the order ``--help`` lists them.
 COMMAND_MODULES = (
     "research.data.cli",
-    "research.tuning.cli",
     "training.cli",
     "compression.cli",
     "serving.cli",
@@ -31,6 +33,7 @@ COMMAND_MODULES = (
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+PIPE_COLUMNS = 4096
 
 stderr = Console(stderr=True)
 
@@ -43,7 +46,26 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
+    for command in leaf_parsers(parser):
+        command.add_argument(
+            "--verbose",
+            action="store_true",
+            help="show TensorFlow's native start-up messages too (hidden by default)",
+        )
     return parser
+
+
+def leaf_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers that run a command (those without sub-commands of their own)."""
+    choices = [
+        child
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for child in dict.fromkeys(action.choices.values())
+    ]
+    if not choices:
+        return [parser]
+    return [leaf for child in choices for leaf in leaf_parsers(child)]
 
 
 def user_errors(handler: object) -> tuple[type[BaseException], ...]:
@@ -52,15 +74,42 @@ def user_errors(handler: object) -> tuple[type[BaseException], ...]:
     return tuple(getattr(module, "USER_ERRORS", ()))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@contextlib.contextmanager
+def full_width_when_piped() -> Iterator[None]:
+    """Let rich tables keep every column when stdout is a pipe or a file.
+
+    rich measures such an output as 80 columns wide and cuts tables to fit; it reads
+    ``COLUMNS`` each time it measures, so the variable is set while a command runs (and
+    put back after, for callers of ``main`` in the same process).
+    """
+    if sys.stdout.isatty() or "COLUMNS" in os.environ:
+        yield
+        return
+    os.environ["COLUMNS"] = str(PIPE_COLUMNS)
+    try:
+        yield
+    finally:
+        os.environ.pop("COLUMNS", None)
+
+
+def main(argv: Sequence[str] | None = None, *, quiet_native_logs: bool = False) -> int:
+    """Run one command and return its exit code.
+
+    ``quiet_native_logs`` is for the ``slipway`` program itself: it takes over file
+    descriptor 2 for the life of the process, which a caller of ``main`` in its own
+    process (a test, a notebook) does not want.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "accepts_extra_args", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra_args = extra
+    if quiet_native_logs and not getattr(args, "verbose", False):
+        filter_start_up_noise()
     try:
-        return int(args.handler(args) or EXIT_OK)
+        with full_width_when_piped():
+            return int(args.handler(args) or EXIT_OK)
     except user_errors(args.handler) as exc:
         stderr.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         return EXIT_USAGE
@@ -69,5 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """The ``slipway`` program."""
+    sys.exit(main(quiet_native_logs=True))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
