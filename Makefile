@@ -5,19 +5,33 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 DEMO_DIR ?= out/demo
+# What pip installs: the project with its test tools here, the project alone in the image.
+INSTALL_SPEC ?= .[dev]
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: install test demo bench lint clean
+.PHONY: install prometheus image test demo bench lint clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '$(INSTALL_SPEC)'
 	@touch $(STAMP)
+	@command -v prometheus >/dev/null 2>&1 || echo "note: the rollout tests need a real Prometheus," \
+		"and skip without it. Run 'make prometheus' to install Debian's package."
+
+# Optional: the rollout and deploy-asset tests run Debian's real Prometheus and promtool.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 \
+		|| { SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+		     $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus; }
+
+# The image the Kubernetes manifests in ops/deploy run.
+image:
+	docker build -t slipway:latest .
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -4,5 +4,25 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
+from tests import prometheus_binaries
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYTHONHASHSEED", "0")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name the group of tests a missing Prometheus skipped, and how to get it."""
+    skipped = [
+        report
+        for report in terminalreporter.stats.get("skipped", [])
+        if prometheus_binaries.MISSING in str(report.longrepr)
+    ]
+    if skipped:
+        terminalreporter.write_line(
+            f"{len(skipped)} tests that run a real Prometheus were skipped: "
+            f"{prometheus_binaries.MISSING}. Install it with {prometheus_binaries.INSTALL_HINT}.",
+            yellow=True,
+            bold=True,
+        )

@@ -31,8 +31,8 @@ from prometheus_client.registry import Collector
 from ops.measurement import MetricsUnavailable
 from ops.prometheus import PrometheusClient, Sample
 from serving.metrics import GatewayMetrics
+from tests import prometheus_binaries
 
-PROMETHEUS_BINARY = "/usr/bin/prometheus"
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 WAIT_TIMEOUT_S = 20.0
@@ -171,7 +171,7 @@ class PrometheusProcess:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [
-                    PROMETHEUS_BINARY,
+                    prometheus_binaries.binary("prometheus"),
                     f"--config.file={self.config_path}",
                     f"--storage.tsdb.path={self.directory / 'data'}",
                     f"--web.listen-address=127.0.0.1:{self.port}",

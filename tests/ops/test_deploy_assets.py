@@ -13,7 +13,6 @@ import argparse
 import http.server
 import json
 import re
-import shutil
 import socket
 import subprocess
 import threading
@@ -33,6 +32,7 @@ from serving import cli as serving_cli
 from serving.config import GatewayConfig, load_config
 from serving.metrics import ROUTES, GatewayMetrics
 from serving.routing import parse_routing
+from tests import prometheus_binaries
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "ops" / "deploy"
@@ -311,16 +311,9 @@ def dashboard() -> dict[str, Any]:
 # --------------------------------------------------------------------------- promtool
 
 
-def promtool_binary() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool is not installed (Debian package 'prometheus')")
-    return path
-
-
 def run_promtool(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [promtool_binary(), *map(str, arguments)],
+        [prometheus_binaries.binary("promtool"), *map(str, arguments)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -832,9 +825,7 @@ def api(port: int, path: str, **params: str) -> Any:
 def test_prometheus_scrapes_annotated_gateway_pods_and_records_the_rules(
     deployment: dict[str, Any], gateway_metrics_endpoint: int, tmp_path: Path
 ) -> None:
-    prometheus = shutil.which("prometheus")
-    if prometheus is None:
-        pytest.skip("prometheus is not installed (Debian package 'prometheus')")
+    prometheus = prometheus_binaries.binary("prometheus")
     port = str(gateway_metrics_endpoint)
     annotated_port = {"__meta_kubernetes_pod_annotation_prometheus_io_port": port}
     gateway = discovered_gateway_pod(deployment, "127.0.0.1", **annotated_port)

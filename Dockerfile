@@ -1,0 +1,37 @@
+# The image ops/deploy/kubernetes runs: `slipway serve` for the gateway, `slipway train`
+# for TFJob workers. Built with `make image`.
+#
+# Two stages: the first runs the same `make install` as a developer's machine (a .venv with
+# the project and its pinned dependencies, without the test tools); the second copies that
+# tree into a clean base and runs as an unprivileged user, with no compiler or apt cache.
+
+FROM python:3.11-slim-bookworm AS build
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends make \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY pyproject.toml Makefile README.md ./
+COPY slipway ./slipway
+COPY contracts ./contracts
+COPY research ./research
+COPY training ./training
+COPY compression ./compression
+COPY serving ./serving
+COPY ops ./ops
+RUN make install PYTHON=python3.11 INSTALL_SPEC=. \
+    && find .venv -name '__pycache__' -prune -exec rm -rf {} +
+
+FROM python:3.11-slim-bookworm
+RUN groupadd --gid 10001 slipway \
+    && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin slipway
+WORKDIR /app
+COPY --from=build /app /app
+ENV PATH=/app/.venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    TF_CPP_MIN_LOG_LEVEL=2
+USER 10001:10001
+# gRPC (TensorFlow Serving's PredictionService) and REST, as in TensorFlow Serving.
+EXPOSE 8500 8501
+ENTRYPOINT ["slipway"]
+CMD ["--help"]
