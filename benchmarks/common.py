@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -30,3 +31,15 @@ def write_results(
     output.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print_table(results)
     print(f"results written to {output}")
+
+
+def benchmark_parser(
+    module: str, doc: str, quick_help: str, results_file: Path
+) -> argparse.ArgumentParser:
+    """The options every benchmark takes: ``--quick`` (what it shortens) and ``--output``."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument(
+        "--output", type=Path, default=results_file, help=f"JSON results (default: {results_file})"
+    )
+    return parser

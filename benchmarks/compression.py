@@ -18,7 +18,6 @@ the full compression reports (Markdown, JSON, PNG) are written beside it.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.common import machine_info, write_results
+from benchmarks.common import benchmark_parser, machine_info, write_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "compression.json"
@@ -257,11 +256,9 @@ def run(quick: bool, output: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.compression", description=__doc__.split("\n")[0]
+    parser = benchmark_parser(
+        "benchmarks.compression", __doc__, "fewer training epochs and runs", RESULTS_FILE
     )
-    parser.add_argument("--quick", action="store_true", help="fewer training epochs and runs")
-    parser.add_argument("--output", type=Path, default=RESULTS_FILE)
     args = parser.parse_args(argv)
     run(args.quick, args.output)
     return 0

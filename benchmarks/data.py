@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import machine_info, write_results
+from benchmarks.common import benchmark_parser, machine_info, write_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "data.json"
@@ -544,11 +544,9 @@ def run(quick: bool, output: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.data", description=__doc__.split("\n")[0]
+    parser = benchmark_parser(
+        "benchmarks.data", __doc__, "small sizes; about a minute", RESULTS_FILE
     )
-    parser.add_argument("--quick", action="store_true", help="small sizes; about a minute")
-    parser.add_argument("--output", type=Path, default=RESULTS_FILE)
     parser.add_argument("--child-build", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--child-output", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

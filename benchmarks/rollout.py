@@ -15,7 +15,6 @@ Results are printed as a table and written to ``benchmarks/results/rollout.json`
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine_info, write_results
+from benchmarks.common import benchmark_parser, machine_info, write_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "rollout.json"
@@ -264,11 +263,9 @@ def run(quick: bool, output: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.rollout", description=__doc__.split("\n")[0]
+    parser = benchmark_parser(
+        "benchmarks.rollout", __doc__, "one rollout per configuration", RESULTS_FILE
     )
-    parser.add_argument("--quick", action="store_true", help="one rollout per configuration")
-    parser.add_argument("--output", type=Path, default=RESULTS_FILE)
     args = parser.parse_args(argv)
     run(args.quick, args.output)
     return 0

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import machine_info, write_results
+from benchmarks.common import benchmark_parser, machine_info, write_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "serving.json"
@@ -420,11 +420,7 @@ def run(quick: bool, output: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.serving", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--quick", action="store_true", help="3 s per measurement")
-    parser.add_argument("--output", type=Path, default=RESULTS_FILE)
+    parser = benchmark_parser("benchmarks.serving", __doc__, "3 s per measurement", RESULTS_FILE)
     parser.add_argument("--load", metavar="TARGET", help=argparse.SUPPRESS)
     parser.add_argument("--clients", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=3.0, help=argparse.SUPPRESS)

@@ -31,7 +31,6 @@ Results are printed as a table and written to ``benchmarks/results/training.json
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import contextlib
 import io
@@ -47,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine_info
+from benchmarks.common import benchmark_parser, machine_info
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
@@ -770,11 +769,9 @@ def run(quick: bool, output: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.training", description=__doc__.split("\n")[0]
+    parser = benchmark_parser(
+        "benchmarks.training", __doc__, "small sizes; a few minutes", RESULTS_FILE
     )
-    parser.add_argument("--quick", action="store_true", help="small sizes; a few minutes")
-    parser.add_argument("--output", type=Path, default=RESULTS_FILE)
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     run(args.quick, args.output)
