@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from rich.console import Console
 from rich.markup import escape
 
-from slipway.native_logs import filter_start_up_noise
+from slipway.start_up_noise import quiet_start_up_noise
 
 # Modules whose ``register`` adds sub-commands, in the order ``--help`` lists them.
 COMMAND_MODULES = (
@@ -92,12 +92,13 @@ def full_width_when_piped() -> Iterator[None]:
         os.environ.pop("COLUMNS", None)
 
 
-def main(argv: Sequence[str] | None = None, *, quiet_native_logs: bool = False) -> int:
+def main(argv: Sequence[str] | None = None, *, quiet_start_up: bool = False) -> int:
     """Run one command and return its exit code.
 
-    ``quiet_native_logs`` is for the ``slipway`` program itself: it takes over file
-    descriptor 2 for the life of the process, which a caller of ``main`` in its own
-    process (a test, a notebook) does not want.
+    ``quiet_start_up`` is for the ``slipway`` program itself: it hides TensorFlow's and
+    Beam's start-up notices by taking over file descriptor 2 for the life of the
+    process, which a caller of ``main`` in its own process (a test, a notebook) does
+    not want.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = build_parser()
@@ -105,8 +106,8 @@ def main(argv: Sequence[str] | None = None, *, quiet_native_logs: bool = False) 
     if extra and not getattr(args, "accepts_extra_args", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra_args = extra
-    if quiet_native_logs and not getattr(args, "verbose", False):
-        filter_start_up_noise()
+    if quiet_start_up and not getattr(args, "verbose", False):
+        quiet_start_up_noise()
     try:
         with full_width_when_piped():
             return int(args.handler(args) or EXIT_OK)
@@ -120,7 +121,7 @@ def main(argv: Sequence[str] | None = None, *, quiet_native_logs: bool = False) 
 
 def run() -> None:
     """The ``slipway`` program."""
-    sys.exit(main(quiet_native_logs=True))
+    sys.exit(main(quiet_start_up=True))
 
 
 if __name__ == "__main__":

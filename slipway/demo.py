@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.rule import Rule
 
 from slipway.cli import main as slipway
+from slipway.start_up_noise import quiet_start_up_noise
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 console = Console()
@@ -134,7 +135,12 @@ def rollout_chapter(workdir: Path, version: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run Slipway's end-to-end demo.")
     parser.add_argument("--workdir", type=Path, default=Path("out/demo"))
+    parser.add_argument(
+        "--verbose", action="store_true", help="show TensorFlow's and Beam's start-up messages too"
+    )
     args = parser.parse_args()
+    if not args.verbose:
+        quiet_start_up_noise()
     data_story(args.workdir)
     version = training_story(args.workdir)
     compression_chapter(args.workdir, version)

@@ -1,4 +1,4 @@
-"""Keep TensorFlow's start-up chatter off the terminal, and nothing else.
+"""Keep TensorFlow's and Beam's start-up chatter off the terminal, and nothing else.
 
 Importing TensorFlow prints lines from its C++ runtime straight to file descriptor 2,
 before its logging is configured, so ``TF_CPP_MIN_LOG_LEVEL`` cannot silence them:
@@ -8,13 +8,17 @@ user of a CPU machine, and it buries the one line a command has to say.
 
 The filter routes descriptor 2 through a pipe and drops exactly those known start-up
 lines; everything else (Python tracebacks, real C++ errors, worker output) passes through
-unchanged. ``--verbose`` leaves descriptor 2 alone.
+unchanged. Apache Beam's import likewise logs a warning about optional Google Cloud
+client libraries that a local build never uses; a logging filter drops that one message.
+``--verbose`` leaves both alone.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import io
+import logging
 import os
 import re
 import sys
@@ -31,6 +35,10 @@ START_UP_NOISE = re.compile(
     rb"|To enable the following instructions: .*, in other operations, rebuild TensorFlow .*"
     rb")\r?\n?$"
 )
+
+
+# Python-level warnings logged while packages import, with nothing for the user to do.
+IMPORT_WARNINGS = ("apitools not found, and bigquery client libraries are not available",)
 
 
 def is_start_up_noise(line: bytes) -> bool:
@@ -87,9 +95,18 @@ class StartUpNoiseFilter:
         self._thread = None
 
 
-def filter_start_up_noise() -> StartUpNoiseFilter | None:
-    """Install the filter when descriptor 2 exists; a no-op where it cannot be redirected."""
-    try:
-        return StartUpNoiseFilter()
-    except OSError:
-        return None
+def is_import_warning(record: logging.LogRecord) -> bool:
+    """Whether a log record is one of the known, harmless import-time warnings."""
+    message = record.getMessage()
+    return any(message.startswith(known) for known in IMPORT_WARNINGS)
+
+
+def quiet_start_up_noise() -> None:
+    """Filter native start-up lines on descriptor 2 and known import-time log warnings.
+
+    For a program's entry point: it takes over descriptor 2 for the life of the process.
+    The descriptor filter is skipped where descriptor 2 cannot be redirected.
+    """
+    logging.getLogger().addFilter(lambda record: not is_import_warning(record))
+    with contextlib.suppress(OSError):
+        StartUpNoiseFilter()
