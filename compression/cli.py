@@ -7,6 +7,7 @@ because no eligible result passed the accuracy gate, 2 bad input (a message nami
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -147,7 +148,8 @@ def run_compress(args: argparse.Namespace) -> int:
 
 
 def _progress(status, message: str) -> None:  # noqa: ANN001 - rich's Status
-    console.log(message)
+    """One timestamped line per stage (not console.log: it pads each line to the width)."""
+    console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {message}", highlight=False)
     status.update(message)
 
 

@@ -43,7 +43,14 @@ TOKEN = "rollout-test-token"
 STABLE = 1
 GOOD, FAILING, SLOW, GOOD_OUTAGE, GOOD_KILLED = 2, 3, 4, 5, 6
 ROLLOUT_TIMEOUT_S = 60.0
-ANALYSIS = {"window": "5s", "min_requests": 20}
+# Latency bounds wide enough that an identical canary passes on a loaded machine, where
+# p99 jitters by tens of milliseconds, and narrow enough that SLOW_DELAY_MS always fails.
+ANALYSIS = {
+    "window": "5s",
+    "min_requests": 20,
+    "checks": {"latency_p99": {"max_ratio": 1.5, "max_added_ms": 25}},
+}
+SLOW_DELAY_MS = 100
 
 
 @dataclass
@@ -71,7 +78,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     for version in (GOOD, GOOD_OUTAGE, GOOD_KILLED):
         publish_copy(stable, root, MODEL, version)
     publish_faulty_version(stable, root, MODEL, FAILING, error_percent=20)
-    publish_faulty_version(stable, root, MODEL, SLOW, delay_ms=40)
+    publish_faulty_version(stable, root, MODEL, SLOW, delay_ms=SLOW_DELAY_MS)
     config = write_gateway_config(work / "gateway", routing={MODEL: {"labels": {"stable": STABLE}}})
     analysis = work / "analysis.yaml"
     analysis.write_text(yaml.safe_dump(ANALYSIS))
