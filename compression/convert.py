@@ -8,6 +8,7 @@ call the SavedModel, whatever was done to the weights.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,11 @@ def to_tflite(
     if float16:
         converter.target_spec.supported_types = [tf.float16]
     try:
-        flatbuffer = converter.convert()
+        with warnings.catch_warnings():
+            # The converter calibrates int8 with TensorFlow's own deprecated interpreter;
+            # its deprecation warning is addressed to TensorFlow, not to our users.
+            warnings.filterwarnings("ignore", message=r"\s*Warning: tf\.lite\.Interpreter")
+            flatbuffer = converter.convert()
     except Exception as exc:  # the converter raises ConverterError, RuntimeError, ValueError...
         raise CompressionError(f"TFLite conversion failed: {_first_lines(str(exc))}") from None
     check_signature(flatbuffer, *_expected_names(model_or_saved_model))
