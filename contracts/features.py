@@ -43,6 +43,7 @@ class FeatureSpec:
     vocabulary_file: str | None = None  # text: path of the subword vocabulary, dataset-relative
     vocab_size: int | None = None  # text: number of token ids (ids are 0..vocab_size-1)
     is_label: bool = False
+    source_name: str | None = None  # the source column, when named otherwise (`mean radius`)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -70,6 +71,7 @@ class FeatureSpec:
             vocabulary_file=data.get("vocabulary_file"),
             vocab_size=data.get("vocab_size"),
             is_label=bool(data.get("is_label", False)),
+            source_name=data.get("source_name"),
             extra=dict(data.get("extra", {})),
         )
 
@@ -126,7 +128,9 @@ def encode_example(
             feature_map[name].bytes_list.value.append(text.encode("utf-8"))
     for name, ids in (token_ids or {}).items():
         feature_map[token_ids_key(name)].int64_list.value.extend(int(i) for i in ids)
-    return example.SerializeToString()
+    # Map entries in key order: the default order follows a per-process hash seed, so
+    # two workers (or two runs) would write the same Example as different bytes.
+    return example.SerializeToString(deterministic=True)
 
 
 def parsing_spec(features: Mapping[str, FeatureSpec]) -> dict[str, Any]:

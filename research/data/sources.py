@@ -1,73 +1,56 @@
-"""Read the spec's sources into records: CSV, JSON lines, text, image folders, NPZ.
+"""Read the spec's sources into records: CSV, JSON lines, text, image folders, NPZ, HDF5.
 
 Each source type has one reader: a plain generator over one matched file (or one
 image-folder root) that yields records and quarantine entries. The Beam pipeline
 (``ReadSources``) and schema inference (``sample_records``) both run these same
 generators, so the schema is inferred from exactly what the pipeline will read.
+Each type also says which columns a file offers (``source_columns``), so that the
+names a spec uses are checked against the data before anything runs.
 
-Readers stream: a CSV or text file is never held in memory whole. Bad input (a
-malformed row, an undecodable line, an unreadable file) becomes a quarantine entry
-with its origin (``path:line``), never an exception that would stop the pipeline.
-Only a spec that cannot work at all (no file matches a path, an unknown encoding)
-is an error, raised by ``check_sources`` before anything runs.
+Readers stream: a CSV or text file is never held in memory whole, an HDF5 file is
+read in chunks. Bad input (a malformed row, an undecodable line, an unreadable file)
+becomes a quarantine entry with its origin (``path:line``), never an exception that
+would stop the pipeline. Only a spec that cannot work at all (no file matches a path,
+an unknown encoding, a CSV file whose rows never have its header's width) is an
+error, raised before anything runs.
 """
 
 from __future__ import annotations
 
-import codecs
-import csv
 import glob
-import io
 import json
-import re
-import zipfile
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
-from PIL import Image
 
 from contracts.yaml_config import ConfigError
-from research.data.records import (
-    ORIGIN,
-    QUARANTINE_TAG,
-    RANK,
-    Record,
-    count,
-    make_rank,
-    quarantine_entry,
+from research.data.array_sources import hdf5_columns, npz_columns, read_hdf5, read_npz
+from research.data.csv_source import check_csv_options, csv_columns, read_csv
+from research.data.reading import (
+    SourceFile,
+    SourceSpec,
+    check_encoding,
+    quarantined,
+    reading_encoding,
+    source_record,
+    undecodable,
 )
+from research.data.records import QUARANTINE_TAG, RANK, Record, count
 from research.data.spec import (
     CsvSource,
     DatasetSpec,
     ImageFolderSource,
     JsonlSource,
-    NpzSource,
     TextSource,
 )
 
-SourceSpec = CsvSource | JsonlSource | TextSource | ImageFolderSource | NpzSource
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg"})
-STAGE = "read"
-
-# ``surrogateescape`` turns every undecodable byte into one of these code points, so a
-# reader can keep streaming past a bad line and still tell it apart from good text.
-_UNDECODABLE = re.compile("[\udc80-\udcff]")
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    """One unit of reading: a matched file, or an image-folder root."""
-
-    index: int  # position of the source in ``spec.sources``
-    source: SourceSpec
-    path: str  # absolute path on disk
-    display: str  # the path people see in origins: relative to the spec when possible
+JSONL_COLUMN_SAMPLE = 1000  # records of a JSON lines file whose keys are its columns
 
 
 def check_sources(spec: DatasetSpec) -> list[SourceFile]:
@@ -100,17 +83,10 @@ def check_sources(spec: DatasetSpec) -> list[SourceFile]:
 
 
 def _check_options(index: int, source: SourceSpec) -> None:
+    if isinstance(source, CsvSource):
+        check_csv_options(index, source)
     if isinstance(source, TextSource):
-        try:
-            codecs.lookup(source.encoding)
-        except LookupError:
-            raise ConfigError(
-                f"sources.{index}.encoding: unknown encoding {source.encoding!r}"
-            ) from None
-    if isinstance(source, CsvSource) and len(source.delimiter) != 1:
-        raise ConfigError(
-            f"sources.{index}.delimiter: must be a single character, got {source.delimiter!r}"
-        )
+        check_encoding(index, source.encoding)
 
 
 def _match(pattern: Path) -> list[Path]:
@@ -126,6 +102,32 @@ def _display(path: Path, base_dir: Path) -> str:
         return path.resolve().as_posix()
 
 
+@dataclass(frozen=True)
+class SourceColumns:
+    """The columns one source offers, and what to call the source in a message."""
+
+    index: int
+    where: str  # the file, or the pattern and how many files it matched
+    columns: list[str]
+    exhaustive: bool  # False when the columns are those of a sample (JSON lines keys)
+
+
+def source_columns(spec: DatasetSpec) -> list[SourceColumns]:
+    """The columns (after ``rename``) of every source, each file's in first-seen order.
+
+    ConfigError for a file that the spec misreads as a whole (see ``csv_columns``).
+    """
+    units = check_sources(spec)
+    found = []
+    for index, source in enumerate(spec.sources):
+        files = [unit for unit in units if unit.index == index]
+        columns = [column for unit in files for column in _READERS[source.type].columns(unit)]
+        where = files[0].display if len(files) == 1 else f"{source.path} ({len(files)} files)"
+        reader = _READERS[source.type]
+        found.append(SourceColumns(index, where, list(dict.fromkeys(columns)), reader.exhaustive))
+    return found
+
+
 def is_record(item: dict[str, Any]) -> bool:
     """Tell a reader's records from its quarantine entries (only records carry a rank)."""
     return RANK in item
@@ -134,10 +136,10 @@ def is_record(item: dict[str, Any]) -> bool:
 def read_source_file(unit: SourceFile) -> Iterator[dict[str, Any]]:
     """Records and quarantine entries of one matched file, in file order."""
     try:
-        yield from _READERS[unit.source.type](unit)
+        yield from _READERS[unit.source.type].read(unit)
     except OSError as exc:
         # The file vanished or became unreadable after matching; what was already read stays.
-        yield _quarantined(unit.display, f"cannot read file: {exc.strerror or exc}", "")
+        yield quarantined(unit.display, f"cannot read file: {exc.strerror or exc}", "")
 
 
 def sample_records(spec: DatasetSpec, limit: int) -> list[Record]:
@@ -207,86 +209,7 @@ class ReadSources(beam.PTransform):
         )
 
 
-# --- record helpers -----------------------------------------------------------------
-
-
-def _record(unit: SourceFile, position: int, origin: str, fields: dict[str, Any]) -> Record:
-    return {**fields, ORIGIN: origin, RANK: make_rank(unit.index, unit.display, position)}
-
-
-def _quarantined(origin: str, reason: str, raw: Any) -> dict[str, str]:
-    return quarantine_entry(origin, STAGE, reason, raw)
-
-
-def _reading_encoding(encoding: str) -> str:
-    """UTF-8 files are read as ``utf-8-sig`` so a leading byte-order mark is not data."""
-    return "utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding
-
-
-def _undecodable(text: str, encoding: str) -> str | None:
-    """A printable form of ``text`` if it held bytes invalid in ``encoding``, else None."""
-    if not _UNDECODABLE.search(text):
-        return None
-    return text.encode(encoding, "surrogateescape").decode(encoding, "backslashreplace")
-
-
-# --- readers --------------------------------------------------------------------------
-
-
-def _read_csv(unit: SourceFile) -> Iterator[dict[str, Any]]:
-    source: CsvSource = unit.source  # type: ignore[assignment]
-    with open(unit.path, encoding="utf-8-sig", errors="surrogateescape", newline="") as handle:
-        reader = csv.reader(handle, delimiter=source.delimiter, strict=True)
-        try:
-            header = next(reader)
-        except StopIteration:
-            yield _quarantined(unit.display, "empty file: a header row is required", "")
-            return
-        except csv.Error as exc:
-            yield _quarantined(f"{unit.display}:1", f"unreadable header row: {exc}", "")
-            return
-        fields = [source.rename.get(name.strip(), name.strip()) for name in header]
-        problem = _header_problem(fields)
-        if problem:
-            yield _quarantined(f"{unit.display}:1", problem, source.delimiter.join(header))
-            return
-        while True:
-            line = reader.line_num + 1  # where the next row starts; a row may span lines
-            origin = f"{unit.display}:{line}"
-            try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as exc:
-                yield _quarantined(origin, f"malformed CSV row: {exc}", "")
-                continue
-            if not row:
-                continue  # a blank line
-            raw = source.delimiter.join(row)
-            if len(row) != len(fields):
-                reason = f"expected {len(fields)} columns, got {len(row)}"
-                yield _quarantined(origin, reason, raw)
-                continue
-            printable = _undecodable(raw, "utf-8")
-            if printable is not None:
-                yield _quarantined(origin, "row is not valid UTF-8", printable)
-                continue
-            values = {
-                name: (value if value != "" else None)
-                for name, value in zip(fields, row, strict=True)
-            }
-            yield _record(unit, line, origin, values)
-
-
-def _header_problem(fields: list[str]) -> str | None:
-    if any(_UNDECODABLE.search(name) for name in fields):
-        return "header row is not valid UTF-8"
-    if "" in fields:
-        return f"header column {fields.index('') + 1} has no name"
-    duplicates = sorted({name for name in fields if fields.count(name) > 1})
-    if duplicates:
-        return f"duplicate column names after rename: {', '.join(duplicates)}"
-    return None
+# --- JSON lines, text, image folders --------------------------------------------------
 
 
 def _read_jsonl(unit: SourceFile) -> Iterator[dict[str, Any]]:
@@ -296,28 +219,28 @@ def _read_jsonl(unit: SourceFile) -> Iterator[dict[str, Any]]:
             if not line.strip():
                 continue
             origin = f"{unit.display}:{number}"
-            printable = _undecodable(line, "utf-8")
+            printable = undecodable(line, "utf-8")
             if printable is not None:
-                yield _quarantined(origin, "line is not valid UTF-8", printable)
+                yield quarantined(origin, "line is not valid UTF-8", printable)
                 continue
             try:
                 value = json.loads(line)
             except json.JSONDecodeError as exc:
-                yield _quarantined(origin, f"invalid JSON: {exc.msg} at column {exc.colno}", line)
+                yield quarantined(origin, f"invalid JSON: {exc.msg} at column {exc.colno}", line)
                 continue
             except RecursionError:
-                yield _quarantined(origin, "invalid JSON: nested too deeply", line)
+                yield quarantined(origin, "invalid JSON: nested too deeply", line)
                 continue
             if not isinstance(value, dict):
                 reason = f"expected a JSON object, got {type(value).__name__}"
-                yield _quarantined(origin, reason, line)
+                yield quarantined(origin, reason, line)
                 continue
             if _has_lone_surrogate(value):
                 reason = "invalid JSON string: an unpaired \\u surrogate escape is not text"
-                yield _quarantined(origin, reason, line)
+                yield quarantined(origin, reason, line)
                 continue
             fields = {source.rename.get(key, key): item for key, item in value.items()}
-            yield _record(unit, number, origin, fields)
+            yield source_record(unit, number, origin, fields)
 
 
 def _has_lone_surrogate(value: Any) -> bool:
@@ -339,29 +262,29 @@ def _has_lone_surrogate(value: Any) -> bool:
 def _read_text(unit: SourceFile) -> Iterator[dict[str, Any]]:
     source: TextSource = unit.source  # type: ignore[assignment]
     label = {} if source.label is None else {source.label_field: source.label}
-    encoding = _reading_encoding(source.encoding)
+    encoding = reading_encoding(source.encoding)
     with open(unit.path, encoding=encoding, errors="surrogateescape") as handle:
         if source.mode == "file":
             text = handle.read()
             if not text.strip():
                 return
-            printable = _undecodable(text, source.encoding)
+            printable = undecodable(text, source.encoding)
             if printable is not None:
                 reason = f"file is not valid {source.encoding}"
-                yield _quarantined(unit.display, reason, printable)
+                yield quarantined(unit.display, reason, printable)
                 return
-            yield _record(unit, 0, unit.display, {source.field: text, **label})
+            yield source_record(unit, 0, unit.display, {source.field: text, **label})
             return
         for number, line in enumerate(handle, start=1):
             text = line.rstrip("\n")
             if not text.strip():
                 continue
             origin = f"{unit.display}:{number}"
-            printable = _undecodable(text, source.encoding)
+            printable = undecodable(text, source.encoding)
             if printable is not None:
-                yield _quarantined(origin, f"line is not valid {source.encoding}", printable)
+                yield quarantined(origin, f"line is not valid {source.encoding}", printable)
                 continue
-            yield _record(unit, number, origin, {source.field: text, **label})
+            yield source_record(unit, number, origin, {source.field: text, **label})
 
 
 def _read_image_folder(unit: SourceFile) -> Iterator[dict[str, Any]]:
@@ -378,117 +301,45 @@ def _read_image_folder(unit: SourceFile) -> Iterator[dict[str, Any]]:
             try:
                 data = path.read_bytes()
             except OSError as exc:
-                yield _quarantined(origin, f"cannot read file: {exc.strerror or exc}", "")
+                yield quarantined(origin, f"cannot read file: {exc.strerror or exc}", "")
                 continue
             fields = {source.image_field: data, source.label_field: class_dir.name}
-            yield _record(unit, position, origin, fields)
+            yield source_record(unit, position, origin, fields)
             position += 1
     if position == 0:
         reason = "no images: expected <class>/*.png|jpg|jpeg under the folder"
-        yield _quarantined(unit.display, reason, "")
+        yield quarantined(unit.display, reason, "")
 
 
-def _read_npz(unit: SourceFile) -> Iterator[dict[str, Any]]:
-    source: NpzSource = unit.source  # type: ignore[assignment]
-    try:
-        columns = _load_npz_columns(unit.path, source)
-    except (ValueError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
-        yield _quarantined(unit.display, f"cannot use npz file: {exc}", "")
-        return
-    if not columns:
-        return
-    length = len(next(iter(columns.values())))
-    for position in range(length):
-        fields = {
-            name: _npz_value(array[position], image=name in source.images)
-            for name, array in columns.items()
-        }
-        yield _record(unit, position, f"{unit.display}[{position}]", fields)
+def _jsonl_columns(unit: SourceFile) -> list[str]:
+    """The keys of the file's first ``JSONL_COLUMN_SAMPLE`` objects, first seen first."""
+    records = islice(filter(is_record, _read_jsonl(unit)), JSONL_COLUMN_SAMPLE)
+    keys = (key for record in records for key in record if not key.startswith("_"))
+    return list(dict.fromkeys(keys))
 
 
-def _load_npz_columns(path: str, source: NpzSource) -> dict[str, np.ndarray]:
-    """Field name -> array, checked so that every index is one record.
-
-    ``allow_pickle=False``: an npz may come from anywhere and unpickling runs code.
-    """
-    loaded = np.load(path, allow_pickle=False)
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise ValueError("not an .npz archive (a single .npy array?)")
-    with loaded as archive:
-        names = list(archive.files)
-        mapping = source.arrays or {name: name for name in names}
-        missing = [name for name in mapping if name not in names]
-        if missing:
-            raise ValueError(
-                f"no array named {', '.join(missing)} (arrays: {', '.join(names) or 'none'})"
-            )
-        columns = {field: archive[name] for name, field in mapping.items()}
-    unknown = [field for field in source.images if field not in columns]
-    if unknown:
-        raise ValueError(f"images: {', '.join(unknown)} not among fields {', '.join(columns)}")
-    scalars = [field for field, array in columns.items() if array.ndim == 0]
-    if scalars:
-        raise ValueError(f"arrays without a first dimension: {', '.join(scalars)}")
-    lengths = {field: len(array) for field, array in columns.items()}
-    if len(set(lengths.values())) > 1:
-        described = ", ".join(f"{field} ({length})" for field, length in lengths.items())
-        raise ValueError(f"arrays must share their first dimension, got {described}")
-    for field in source.images:
-        columns[field] = _image_stack(field, columns[field])
-    return columns
+def _text_columns(unit: SourceFile) -> list[str]:
+    source: TextSource = unit.source  # type: ignore[assignment]
+    return [source.field] + ([] if source.label is None else [source.label_field])
 
 
-def _image_stack(field: str, array: np.ndarray) -> np.ndarray:
-    """Validate a stack of images (N x H x W or N x H x W x C) and make it uint8."""
-    if not (array.ndim == 3 or (array.ndim == 4 and array.shape[-1] in (1, 2, 3, 4))):
-        raise ValueError(
-            f"images: field {field!r} has shape {list(array.shape)}, "
-            "expected N x H x W or N x H x W x C with C in 1..4"
-        )
-    if array.dtype == np.uint8:
-        return array
-    if array.dtype.kind in "biuf":
-        values = array.astype(np.float64)
-        if np.all(
-            np.isfinite(values) & (values == np.round(values)) & (values >= 0) & (values <= 255)
-        ):
-            return array.astype(np.uint8)
-    raise ValueError(
-        f"images: field {field!r} has dtype {array.dtype} with values that are not "
-        "whole numbers in 0..255; scale it to uint8"
-    )
+def _image_folder_columns(unit: SourceFile) -> list[str]:
+    source: ImageFolderSource = unit.source  # type: ignore[assignment]
+    return [source.image_field, source.label_field]
 
 
-def _npz_value(value: Any, *, image: bool) -> Any:
-    """Plain Python for Beam's coders: images -> PNG, scalars -> int/float/str, rows -> lists."""
-    if image:
-        return encode_array_png(value)
-    return value.tolist() if isinstance(value, np.ndarray) else value.item()
+@dataclass(frozen=True)
+class _Reader:
+    read: Callable[[SourceFile], Iterator[dict[str, Any]]]
+    columns: Callable[[SourceFile], list[str]]
+    exhaustive: bool = True  # whether ``columns`` are all the columns a file can have
 
 
-def encode_array_png(pixels: np.ndarray) -> bytes:
-    """PNG bytes of one uint8 image array (H x W or H x W x C)."""
-    if pixels.ndim == 3 and pixels.shape[-1] == 1:
-        pixels = pixels[..., 0]
-    return encode_png(Image.fromarray(np.ascontiguousarray(pixels)))
-
-
-def encode_png(image: Image.Image) -> bytes:
-    """PNG bytes of the pixels alone.
-
-    The image is rebuilt from its pixels first so that no metadata (ICC profile,
-    text chunks, transparency, EXIF) rides along: equal pixels give equal bytes.
-    """
-    bare = Image.frombytes(image.mode, image.size, image.tobytes())
-    buffer = io.BytesIO()
-    bare.save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-_READERS: dict[str, Callable[[SourceFile], Iterator[dict[str, Any]]]] = {
-    "csv": _read_csv,
-    "jsonl": _read_jsonl,
-    "text": _read_text,
-    "image_folder": _read_image_folder,
-    "npz": _read_npz,
+_READERS: dict[str, _Reader] = {
+    "csv": _Reader(read_csv, csv_columns),
+    "jsonl": _Reader(_read_jsonl, _jsonl_columns, exhaustive=False),
+    "text": _Reader(_read_text, _text_columns),
+    "image_folder": _Reader(_read_image_folder, _image_folder_columns),
+    "npz": _Reader(read_npz, npz_columns),
+    "hdf5": _Reader(read_hdf5, hdf5_columns),
 }

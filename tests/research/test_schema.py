@@ -16,13 +16,13 @@ from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
 from contracts.yaml_config import ConfigError
+from research.data.inference import infer_schema
 from research.data.records import METRICS_NAMESPACE, ORIGIN, QUARANTINE_TAG, RANK
 from research.data.schema import (
     ConformError,
     ConformToSchema,
     conform_record,
     conform_value,
-    infer_schema,
     resolve_schema,
 )
 from research.data.sources import ReadSources
@@ -35,6 +35,11 @@ def make_spec(base: Path, *sources: dict[str, Any], **extra: Any) -> DatasetSpec
     return DatasetSpec.model_validate(
         {"name": "t", "sources": list(sources), "base_dir": str(base), **extra}
     )
+
+
+def inferred(spec: DatasetSpec, **options: Any) -> dict[str, FieldSchema]:
+    """The inferred fields without the reasons."""
+    return {name: guess.field for name, guess in infer_schema(spec, **options).items()}
 
 
 def encode(image: Image.Image, image_format: str = "PNG") -> bytes:
@@ -80,7 +85,7 @@ def table(tmp_path: Path) -> Path:
 
 def test_infer_types_from_csv_strings(table: Path) -> None:
     spec = make_spec(table, {"type": "csv", "path": "t.csv"}, labels=["klass", "target"])
-    schema = infer_schema(spec)
+    schema = inferred(spec)
     assert list(schema) == ["count", "price", "zip", "color", "review", "uid", "klass", "target"]
     assert {name: (f.type, f.dtype) for name, f in schema.items()} == {
         "count": ("numeric", "int64"),
@@ -100,9 +105,9 @@ def test_without_label_integers_stay_numeric_and_short_string_labels_are_classes
     (tmp_path / "d.jsonl").write_text(
         "\n".join(json.dumps({"n": i % 3, "name": f"item {i}", "tag": f"t{i}"}) for i in range(3))
     )
-    plain = infer_schema(make_spec(tmp_path, {"type": "jsonl", "path": "d.jsonl"}))
+    plain = inferred(make_spec(tmp_path, {"type": "jsonl", "path": "d.jsonl"}))
     assert (plain["n"].type, plain["name"].type) == ("numeric", "text")
-    labelled = infer_schema(
+    labelled = inferred(
         make_spec(tmp_path, {"type": "jsonl", "path": "d.jsonl"}, labels=["n", "name"])
     )
     assert (labelled["n"].type, labelled["name"].type) == ("categorical", "categorical")
@@ -111,7 +116,7 @@ def test_without_label_integers_stay_numeric_and_short_string_labels_are_classes
 def test_infer_numeric_vectors(tmp_path: Path) -> None:
     lines = [{"ints": [1, 2, 3], "floats": [0.5, 1, 2]}, {"ints": [4, 5, 6], "floats": None}]
     (tmp_path / "v.jsonl").write_text("\n".join(json.dumps(line) for line in lines))
-    schema = infer_schema(make_spec(tmp_path, {"type": "jsonl", "path": "v.jsonl"}))
+    schema = inferred(make_spec(tmp_path, {"type": "jsonl", "path": "v.jsonl"}))
     assert schema["ints"] == FieldSchema(type="numeric", dtype="int64", shape=[3])
     assert schema["floats"] == FieldSchema(type="numeric", dtype="float32", shape=[3])
 
@@ -132,7 +137,7 @@ def test_fields_that_cannot_be_inferred_are_config_errors(
     (tmp_path / "v.jsonl").write_text("\n".join(json.dumps({"f": value}) for value in values))
     spec = make_spec(tmp_path, {"type": "jsonl", "path": "v.jsonl"})
     with pytest.raises(ConfigError) as raised:
-        infer_schema(spec)
+        inferred(spec)
     assert str(raised.value) == (
         f"schema.f: cannot infer the field's type: {problem}; declare it under schema"
     )
@@ -140,7 +145,7 @@ def test_fields_that_cannot_be_inferred_are_config_errors(
     declared = make_spec(
         tmp_path, {"type": "jsonl", "path": "v.jsonl"}, schema={"f": {"type": "text"}}
     )
-    assert infer_schema(declared) == {}
+    assert inferred(declared) == {}
 
 
 def test_infer_image_from_first_decodable_image(tmp_path: Path) -> None:
@@ -155,7 +160,7 @@ def test_infer_image_from_first_decodable_image(tmp_path: Path) -> None:
         },
     )
     for folder, expected in [("gray", (5, 6, 1)), ("color", (4, 3, 3)), ("palette", (7, 9, 1))]:
-        schema = infer_schema(make_spec(tmp_path, {"type": "image_folder", "path": folder}))
+        schema = inferred(make_spec(tmp_path, {"type": "image_folder", "path": folder}))
         image = schema["image"]
         assert (image.type, image.height, image.width, image.channels) == ("image", *expected)
         assert schema["label"].type == "categorical"
@@ -164,7 +169,7 @@ def test_infer_image_from_first_decodable_image(tmp_path: Path) -> None:
 def test_no_decodable_image_is_a_config_error(tmp_path: Path) -> None:
     write_images(tmp_path, {"imgs/a/1.png": b"junk", "imgs/b/2.png": b"more junk"})
     with pytest.raises(ConfigError, match="none of its 2 sampled images can be decoded"):
-        infer_schema(make_spec(tmp_path, {"type": "image_folder", "path": "imgs"}))
+        inferred(make_spec(tmp_path, {"type": "image_folder", "path": "imgs"}))
 
 
 def test_infer_schema_of_npz_digits(tmp_path: Path) -> None:
@@ -176,11 +181,51 @@ def test_infer_schema_of_npz_digits(tmp_path: Path) -> None:
     spec = make_spec(
         tmp_path, {"type": "npz", "path": "digits.npz", "images": ["image"]}, labels=["label"]
     )
-    schema = infer_schema(spec, sample_size=10)
+    schema = inferred(spec, sample_size=10)
     assert schema == {
         "image": FieldSchema(type="image", height=8, width=8, channels=1),
         "label": FieldSchema(type="categorical"),
     }
+
+
+def write_measurements(directory: Path, cells: dict[int, str], rows: int = 100) -> None:
+    """``m.csv``: ``size`` holds i + 0.5 in row i, except the ``cells`` given."""
+    lines = ["size,kind"] + [f"{cells.get(i, i + 0.5)},k{i % 3}" for i in range(rows)]
+    (directory / "m.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_a_missing_marker_in_a_numeric_column_is_missing_not_a_category(tmp_path: Path) -> None:
+    write_measurements(tmp_path, {12: "n/a"})
+    guesses = infer_schema(make_spec(tmp_path, {"type": "csv", "path": "m.csv"}))
+    assert guesses["size"].field == FieldSchema(type="numeric", dtype="float32")
+    assert guesses["size"].why == (
+        "numeric float32: all 99 sampled values are numbers; 1 of 100 sampled records lack it"
+    )
+
+
+def test_a_few_unparseable_cells_keep_a_column_numeric_and_are_quarantined(
+    tmp_path: Path,
+) -> None:
+    write_measurements(tmp_path, {11: "abc"})
+    guesses = infer_schema(make_spec(tmp_path, {"type": "csv", "path": "m.csv"}))
+    assert guesses["size"].field == FieldSchema(type="numeric", dtype="float32")
+    assert guesses["size"].why == (
+        "numeric float32: 99 of 100 sampled values are numbers; "
+        "1 unparseable cell ('abc' at m.csv:13) quarantined with its record"
+    )
+    with pytest.raises(ConformError, match=r"^field 'size': expected numeric float32, got 'abc'"):
+        conform_record({"size": "abc", "kind": "k1"}, {"size": guesses["size"].field})
+
+
+def test_more_unparseable_cells_than_the_limit_make_a_column_of_strings(
+    tmp_path: Path,
+) -> None:
+    write_measurements(tmp_path, {3: "abc", 40: "big", 77: "small"})
+    guesses = infer_schema(make_spec(tmp_path, {"type": "csv", "path": "m.csv"}))
+    assert guesses["size"].field.type == "text"  # nearly every value distinct
+    assert "3 of 100 sampled values are not numbers (more than 2%), e.g. 'abc'" in (
+        guesses["size"].why
+    )
 
 
 # --- resolution -----------------------------------------------------------------------
@@ -192,10 +237,10 @@ def test_declared_fields_override_and_come_first(table: Path) -> None:
         {"type": "csv", "path": "t.csv"},
         schema={"target": {"type": "numeric"}, "count": {"type": "numeric", "dtype": "float32"}},
     )
-    schema = resolve_schema(spec)
+    schema = resolve_schema(spec).fields
     assert list(schema) == ["target", "count", "price", "zip", "color", "review", "uid", "klass"]
     assert schema["count"].dtype == "float32"
-    assert resolve_schema(spec) == schema
+    assert resolve_schema(spec).fields == schema
 
 
 def test_without_inference_only_declared_fields(table: Path) -> None:
@@ -205,7 +250,7 @@ def test_without_inference_only_declared_fields(table: Path) -> None:
         schema={"review": {"type": "text"}},
         infer_schema=False,
     )
-    assert resolve_schema(spec) == {"review": FieldSchema(type="text")}
+    assert resolve_schema(spec).fields == {"review": FieldSchema(type="text")}
     empty = make_spec(table, {"type": "csv", "path": "t.csv"}, infer_schema=False)
     with pytest.raises(ConfigError, match="no fields are declared and infer_schema is false"):
         resolve_schema(empty)
@@ -231,7 +276,9 @@ def test_unknown_field_names_the_spec_key(
     spec = make_spec(tmp_path, {"type": "image_folder", "path": "imgs"}, **section)
     with pytest.raises(ConfigError) as raised:
         resolve_schema(spec)
-    assert str(raised.value) == f"{key}: unknown field 'lable' (fields: image, label)"
+    assert str(raised.value) == (
+        f"{key}: unknown field 'lable' (fields: image, label); did you mean 'label'?"
+    )
 
 
 def test_text_only_settings_refuse_other_field_types(tmp_path: Path) -> None:
@@ -369,7 +416,7 @@ def test_read_and_conform_pipeline_with_quarantine(tmp_path: Path) -> None:
         {"type": "jsonl", "path": "extra.jsonl"},
         labels=["label"],
     )
-    schema = resolve_schema(spec)
+    schema = resolve_schema(spec).fields
     assert list(schema) == ["image", "label", "weight"]
     assert (schema["image"].height, schema["image"].width, schema["image"].channels) == (4, 4, 1)
 

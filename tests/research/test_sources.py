@@ -310,6 +310,21 @@ def test_npz_missing_array_names_the_arrays_present(tmp_path: Path) -> None:
     assert "no array named X (arrays: x)" in quarantined[0]["reason"]
 
 
+def test_npz_array_missing_from_the_file_is_a_config_error_before_the_build(
+    tmp_path: Path,
+) -> None:
+    from research.data.schema import resolve_schema
+
+    np.savez(tmp_path / "m.npz", images=np.zeros((2, 2, 2)), target=np.zeros(2))
+    spec = make_spec(tmp_path, {"type": "npz", "path": "m.npz", "arrays": {"image": "x"}})
+    with pytest.raises(ConfigError) as raised:
+        resolve_schema(spec)
+    assert str(raised.value) == (
+        "sources.0.arrays: m.npz: no array named image (arrays: images, target); "
+        "did you mean 'images'?"
+    )
+
+
 # --- matching, ranks, sampling --------------------------------------------------------
 
 

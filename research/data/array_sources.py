@@ -1,0 +1,245 @@
+"""NumPy ``.npz`` and HDF5 sources: named arrays sharing their first dimension.
+
+Index ``i`` of every array is record ``i``. Both formats go through ``array_records``,
+so they check shapes, turn image stacks into PNGs and name bad input the same way.
+
+- ``type: npz``: ``arrays`` maps array name -> field (empty: every array under its
+  own name). The archive is loaded with ``allow_pickle=False``: an npz may come from
+  anywhere and unpickling runs code.
+- ``type: hdf5``: ``fields`` maps field -> dataset path in the file (``/images``; empty:
+  every dataset, named by its path). Datasets are read ``READ_BYTES`` at a time with
+  h5py, so a file larger than memory is never loaded whole; strings are decoded.
+
+``images`` lists the fields holding image stacks (N x H x W or N x H x W x C, C in
+1..4): they become one PNG per record, so they need whole numbers in 0..255.
+"""
+
+from __future__ import annotations
+
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import numpy as np
+
+from contracts.yaml_config import ConfigError
+from research.data.feature_names import closest_name
+from research.data.reading import SourceFile, encode_array_png, quarantined, source_record
+from research.data.spec import Hdf5Source, NpzSource
+
+READ_BYTES = 16 * 2**20  # HDF5 rows read at once: as many as fit in this many bytes
+
+
+@dataclass(frozen=True)
+class ArrayColumn:
+    """One field's array: its shape and dtype, and its rows read only when asked for."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    rows: Callable[[int, int], np.ndarray]  # (start, stop) -> array[start:stop]
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) * max(self.dtype.itemsize, 1)
+
+
+def array_records(
+    unit: SourceFile,
+    kind: str,
+    columns: Mapping[str, ArrayColumn],
+    images: Sequence[str],
+    rows_per_read: int,
+) -> Iterator[dict[str, Any]]:
+    """One record per index; a block of rows that cannot be used is quarantined."""
+    try:
+        length = _checked_length(columns, images)
+    except ValueError as exc:
+        yield quarantined(unit.display, f"cannot use {kind} file: {exc}", "")
+        return
+    for start in range(0, length, rows_per_read):
+        stop = min(length, start + rows_per_read)
+        try:
+            block = {field: column.rows(start, stop) for field, column in columns.items()}
+            for field in images:
+                block[field] = _uint8_images(field, block[field])
+        except ValueError as exc:
+            whole = (start, stop) == (0, length)
+            origin = unit.display if whole else f"{unit.display}[{start}:{stop}]"
+            yield quarantined(origin, f"cannot use {kind} file: {exc}", "")
+            continue
+        for offset in range(stop - start):
+            position = start + offset
+            fields = {
+                name: _plain(array[offset], image=name in images) for name, array in block.items()
+            }
+            yield source_record(unit, position, f"{unit.display}[{position}]", fields)
+
+
+def _checked_length(columns: Mapping[str, ArrayColumn], images: Sequence[str]) -> int:
+    """The common first dimension; ValueError naming the fields that do not fit."""
+    unknown = [field for field in images if field not in columns]
+    if unknown:
+        raise ValueError(f"images: {', '.join(unknown)} not among fields {', '.join(columns)}")
+    scalars = [field for field, column in columns.items() if not column.shape]
+    if scalars:
+        raise ValueError(f"arrays without a first dimension: {', '.join(scalars)}")
+    lengths = {field: column.shape[0] for field, column in columns.items()}
+    if len(set(lengths.values())) > 1:
+        described = ", ".join(f"{field} ({length})" for field, length in lengths.items())
+        raise ValueError(f"arrays must share their first dimension, got {described}")
+    for field in images:
+        shape = columns[field].shape
+        if not (len(shape) == 3 or (len(shape) == 4 and shape[-1] in (1, 2, 3, 4))):
+            raise ValueError(
+                f"images: field {field!r} has shape {list(shape)}, "
+                "expected N x H x W or N x H x W x C with C in 1..4"
+            )
+    return next(iter(lengths.values()), 0)
+
+
+def _uint8_images(field: str, array: np.ndarray) -> np.ndarray:
+    """A block of images as uint8, if its values are whole numbers in 0..255."""
+    if array.dtype == np.uint8:
+        return array
+    if array.dtype.kind in "biuf":
+        values = array.astype(np.float64)
+        if np.all(
+            np.isfinite(values) & (values == np.round(values)) & (values >= 0) & (values <= 255)
+        ):
+            return array.astype(np.uint8)
+    raise ValueError(
+        f"images: field {field!r} has dtype {array.dtype} with values that are not "
+        "whole numbers in 0..255; scale it to uint8"
+    )
+
+
+def _plain(value: Any, *, image: bool) -> Any:
+    """Plain Python for Beam's coders: images -> PNG, scalars -> int/float/str, rows -> lists."""
+    if image:
+        return encode_array_png(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value.item() if isinstance(value, np.generic) else value  # h5py strings are str
+
+
+def _missing(kind: str, where: str, names: Sequence[str], present: Sequence[str]) -> str:
+    """'no array named X (arrays: x)', with the closest name when there is one."""
+    described = ", ".join(names)
+    close = [closest_name(name, present) for name in names]
+    hints = "".join(f"; did you mean {hint!r}?" for hint in close if hint)
+    return f"no {kind} named {described} ({where}: {', '.join(present) or 'none'}){hints}"
+
+
+# --- npz ----------------------------------------------------------------------------
+
+
+def read_npz(unit: SourceFile) -> Iterator[dict[str, Any]]:
+    source: NpzSource = unit.source  # type: ignore[assignment]
+    try:
+        columns = _npz_columns(unit.path, source)
+    except (ValueError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        yield quarantined(unit.display, f"cannot use npz file: {exc}", "")
+        return
+    length = max((column.shape[0] for column in columns.values() if column.shape), default=0)
+    yield from array_records(unit, "npz", columns, source.images, max(length, 1))
+
+
+def _npz_columns(path: str, source: NpzSource) -> dict[str, ArrayColumn]:
+    loaded = np.load(path, allow_pickle=False)
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        raise ValueError("not an .npz archive (a single .npy array?)")
+    with loaded as archive:
+        names = list(archive.files)
+        mapping = source.arrays or {name: name for name in names}
+        missing = [name for name in mapping if name not in names]
+        if missing:
+            raise ValueError(_missing("array", "arrays", missing, names))
+        arrays = {field: archive[name] for name, field in mapping.items()}
+    return {field: _in_memory(array) for field, array in arrays.items()}
+
+
+def _in_memory(array: np.ndarray) -> ArrayColumn:
+    return ArrayColumn(array.shape, array.dtype, lambda start, stop: array[start:stop])
+
+
+def npz_columns(unit: SourceFile) -> list[str]:
+    """The fields of one npz file; ConfigError for an ``arrays`` entry it does not have."""
+    source: NpzSource = unit.source  # type: ignore[assignment]
+    try:
+        loaded = np.load(unit.path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError):
+        loaded = None
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        return list(source.arrays.values())  # reading quarantines the file with the reason
+    with loaded as archive:
+        names = list(archive.files)
+    missing = [name for name in source.arrays if name not in names]
+    if missing:
+        problem = _missing("array", "arrays", missing, names)
+        raise ConfigError(f"sources.{unit.index}.arrays: {unit.display}: {problem}")
+    return list(source.arrays.values()) if source.arrays else names
+
+
+# --- HDF5 ---------------------------------------------------------------------------
+
+
+def read_hdf5(unit: SourceFile) -> Iterator[dict[str, Any]]:
+    source: Hdf5Source = unit.source  # type: ignore[assignment]
+    try:
+        handle = h5py.File(unit.path, "r")
+    except OSError as exc:
+        yield quarantined(unit.display, f"cannot use HDF5 file: {exc}", "")
+        return
+    with handle:
+        try:
+            columns = {
+                field: _hdf5_column(handle, path) for field, path in _hdf5_fields(handle, source)
+            }
+        except ValueError as exc:
+            yield quarantined(unit.display, f"cannot use HDF5 file: {exc}", "")
+            return
+        widest = max((column.row_bytes for column in columns.values()), default=1)
+        rows_per_read = max(1, READ_BYTES // max(widest, 1))
+        yield from array_records(unit, "HDF5", columns, source.images, rows_per_read)
+
+
+def _datasets(handle: h5py.File) -> list[str]:
+    """Paths of every dataset in the file, in h5py's (alphabetical) order."""
+    paths: list[str] = []
+    handle.visititems(
+        lambda name, item: paths.append("/" + name) if isinstance(item, h5py.Dataset) else None
+    )
+    return paths
+
+
+def _hdf5_fields(handle: h5py.File, source: Hdf5Source) -> list[tuple[str, str]]:
+    """(field, dataset path) pairs; ValueError naming a path the file does not have."""
+    present = _datasets(handle)
+    if not source.fields:
+        return [(path.lstrip("/"), path) for path in present]
+    wanted = {field: "/" + path.lstrip("/") for field, path in source.fields.items()}
+    missing = [path for path in wanted.values() if path not in present]
+    if missing:
+        raise ValueError(_missing("dataset", "datasets", missing, present))
+    return list(wanted.items())
+
+
+def _hdf5_column(handle: h5py.File, path: str) -> ArrayColumn:
+    dataset = handle[path]
+    rows = dataset.asstr() if h5py.check_string_dtype(dataset.dtype) else dataset
+    return ArrayColumn(dataset.shape, dataset.dtype, lambda start, stop: rows[start:stop])
+
+
+def hdf5_columns(unit: SourceFile) -> list[str]:
+    """The fields of one HDF5 file; ConfigError for a ``fields`` path it does not have."""
+    source: Hdf5Source = unit.source  # type: ignore[assignment]
+    try:
+        with h5py.File(unit.path, "r") as handle:
+            return [field for field, _ in _hdf5_fields(handle, source)]
+    except OSError:
+        return list(source.fields)  # reading quarantines the file with the reason
+    except ValueError as exc:
+        raise ConfigError(f"sources.{unit.index}.fields: {unit.display}: {exc}") from None

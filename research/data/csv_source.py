@@ -1,0 +1,262 @@
+"""CSV files as people have them: with or without a header, after a title, with comments.
+
+Options of a ``type: csv`` source (defaults in brackets):
+
+- ``header`` [``first_row``]: the first line read names the columns; ``none``: every
+  line is data, and the columns are ``names`` or ``column_1``, ``column_2``, ...
+- ``skip_lines`` [0]: lines skipped at the top of every file before the header or the
+  data, e.g. the ``569,30,malignant,benign`` count line of scikit-learn's CSV files.
+- ``names`` [none]: the column names; with a header row they replace its names.
+- ``delimiter`` [``,``], ``encoding`` [``utf-8``; a byte-order mark is not data].
+- ``comment`` [none]: lines starting with this text are ignored (``#``).
+- ``na_values`` [``""``, ``NA``, ``N/A``, ``n/a``, ``null``, ``?``, ``-``]: cells that,
+  without their surrounding spaces, mean missing; they are read as missing values.
+- ``rename`` [none]: column -> field name, applied after ``names``.
+
+A row whose width differs from the columns' is quarantined with its line. When no
+row near the top of a file has the columns' width, the spec reads the file wrongly
+(usually a file without a header row), and ``csv_columns`` says so before the build.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+from contracts.yaml_config import ConfigError
+from research.data.reading import (
+    UNDECODABLE,
+    SourceFile,
+    check_encoding,
+    quarantined,
+    reading_encoding,
+    source_record,
+    undecodable,
+)
+from research.data.spec import CsvSource
+
+DEFAULT_COLUMN = "column_{}"  # names of the columns of a file without header or names
+ROWS_CHECKED = 20  # rows compared with the columns' width before the build
+_HEADER_PREVIEW_CHARS = 60
+
+Row = list[str] | str  # the cells of a row, or why it could not be parsed
+
+
+class _Lines:
+    """The file's lines without skipped and comment lines, remembering where a row starts.
+
+    ``csv.reader`` pulls lines one by one (a quoted cell may span several), so the
+    physical line of a row's first line is known here and not in the reader.
+    """
+
+    def __init__(self, handle: IO[str], skip: int, comment: str | None) -> None:
+        self._handle = handle
+        self._skip = skip
+        self._comment = comment
+        self.number = 0  # physical number of the last line read
+        self.row_start = 0  # physical number of the first line of the current row
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        while True:
+            line = next(self._handle)
+            self.number += 1
+            if self.number <= self._skip:
+                continue
+            if self._comment is not None and line.startswith(self._comment):
+                continue
+            if not self.row_start:
+                self.row_start = self.number
+            return line
+
+
+def _rows(handle: IO[str], source: CsvSource) -> Iterator[tuple[int, Row]]:
+    """(line, cells or parse problem) for every non-blank row, in file order."""
+    lines = _Lines(handle, source.skip_lines, source.comment)
+    reader = csv.reader(lines, delimiter=source.delimiter, strict=True)
+    while True:
+        lines.row_start = 0
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield lines.row_start or lines.number, f"malformed CSV row: {exc}"
+            continue
+        if row:
+            yield lines.row_start, row
+
+
+class _HeaderProblem(ValueError):
+    """The columns of a file cannot be known; the file is quarantined whole."""
+
+    def __init__(self, origin: str, reason: str, raw: str = "") -> None:
+        super().__init__(reason)
+        self.origin, self.reason, self.raw = origin, reason, raw
+
+
+@dataclass
+class _Table:
+    columns: list[str]
+    header: tuple[int, list[str]] | None  # the header row's line and cells
+    rows: Iterator[tuple[int, Row]]  # the data rows
+
+
+def _table(unit: SourceFile, handle: IO[str]) -> _Table:
+    """The file's columns (header, ``names`` or numbered, then ``rename``) and its rows."""
+    source: CsvSource = unit.source  # type: ignore[assignment]
+    rows = _rows(handle, source)
+    header = None
+    if source.header == "first_row":
+        first = next(rows, None)
+        if first is None:
+            skipped = f" after the {source.skip_lines} skipped lines" if source.skip_lines else ""
+            raise _HeaderProblem(unit.display, f"empty file: a header row is required{skipped}")
+        line, cells = first
+        if isinstance(cells, str):
+            raise _HeaderProblem(f"{unit.display}:{line}", f"unreadable header row: {cells}")
+        header = (line, cells)
+        names = source.names or [cell.strip() for cell in cells]
+    elif source.names is not None:
+        names = list(source.names)
+    else:
+        names, rows = _numbered_columns(rows)
+    columns = [source.rename.get(name, name) for name in names]
+    problem = _columns_problem(columns, source.encoding)
+    if problem:
+        origin = f"{unit.display}:{header[0]}" if header else unit.display
+        raise _HeaderProblem(origin, problem, source.delimiter.join(header[1] if header else []))
+    return _Table(columns, header, rows)
+
+
+def _numbered_columns(
+    rows: Iterator[tuple[int, Row]],
+) -> tuple[list[str], Iterator[tuple[int, Row]]]:
+    """``column_1``, ``column_2``, ... as many as the first parseable row has cells; the
+    rows, none of them consumed."""
+    peeked = []
+    for item in rows:
+        peeked.append(item)
+        if isinstance(item[1], list):
+            break
+    width = len(peeked[-1][1]) if peeked and isinstance(peeked[-1][1], list) else 0
+    names = [DEFAULT_COLUMN.format(number) for number in range(1, width + 1)]
+    return names, itertools.chain(peeked, rows)
+
+
+def _columns_problem(columns: list[str], encoding: str) -> str | None:
+    if any(UNDECODABLE.search(name) for name in columns):
+        return f"header row is not valid {_spelled(encoding)}"
+    if "" in columns:
+        return f"header column {columns.index('') + 1} has no name"
+    duplicates = sorted({name for name in columns if columns.count(name) > 1})
+    if duplicates:
+        return f"duplicate column names after rename: {', '.join(duplicates)}"
+    return None
+
+
+def _spelled(encoding: str) -> str:
+    """The encoding as people write it in messages: UTF-8, else as the spec gives it."""
+    return "UTF-8" if codecs.lookup(encoding).name == "utf-8" else encoding
+
+
+def _open(unit: SourceFile) -> IO[str]:
+    source: CsvSource = unit.source  # type: ignore[assignment]
+    encoding = reading_encoding(source.encoding)
+    return open(unit.path, encoding=encoding, errors="surrogateescape", newline="")
+
+
+def read_csv(unit: SourceFile) -> Iterator[dict[str, Any]]:
+    """Records of one CSV file: column -> cell text, or None for a missing value."""
+    source: CsvSource = unit.source  # type: ignore[assignment]
+    missing = frozenset(source.na_values)
+    with _open(unit) as handle:
+        try:
+            table = _table(unit, handle)
+        except _HeaderProblem as problem:
+            yield quarantined(problem.origin, problem.reason, problem.raw)
+            return
+        for line, row in table.rows:
+            origin = f"{unit.display}:{line}"
+            if isinstance(row, str):
+                yield quarantined(origin, row, "")
+                continue
+            raw = source.delimiter.join(row)
+            if len(row) != len(table.columns):
+                reason = f"expected {len(table.columns)} columns, got {len(row)}"
+                yield quarantined(origin, reason, raw)
+                continue
+            printable = undecodable(raw, source.encoding)
+            if printable is not None:
+                yield quarantined(
+                    origin, f"row is not valid {_spelled(source.encoding)}", printable
+                )
+                continue
+            values = {
+                name: None if cell.strip() in missing else cell
+                for name, cell in zip(table.columns, row, strict=True)
+            }
+            yield source_record(unit, line, origin, values)
+
+
+def csv_columns(unit: SourceFile) -> list[str]:
+    """The file's columns, checked against the width of its first rows.
+
+    ConfigError when none of the first ``ROWS_CHECKED`` rows has as many cells as
+    there are columns: every row would be quarantined, so the spec misreads the file.
+    A file whose columns cannot be known at all (empty, duplicate names) has none
+    here; reading quarantines it with the reason.
+    """
+    with _open(unit) as handle:
+        try:
+            table = _table(unit, handle)
+        except _HeaderProblem:
+            return []
+        checked = itertools.islice(table.rows, ROWS_CHECKED)
+        widths = sorted({len(row) for _, row in checked if isinstance(row, list)})
+    if widths and len(table.columns) not in widths:
+        raise ConfigError(_width_mismatch(unit, table, widths))
+    return table.columns
+
+
+def _width_mismatch(unit: SourceFile, table: _Table, widths: list[int]) -> str:
+    source: CsvSource = unit.source  # type: ignore[assignment]
+    where = f"sources.{unit.index}: {unit.display}"
+    found = " or ".join(str(width) for width in widths)
+    count = len(table.columns)
+    if table.header is None or source.names:
+        return (
+            f"{where}: names has {count} entries and the rows have {found} columns; "
+            f"give one name per column"
+        )
+    line, cells = table.header
+    text = source.delimiter.join(cells)
+    if len(text) > _HEADER_PREVIEW_CHARS:
+        text = text[:_HEADER_PREVIEW_CHARS] + "…"
+    return (
+        f"{where}: the header (line {line}: {text!r}) has {count} columns and the rows "
+        f"have {found}. If the file has no header row, use header: none with names "
+        f"({widths[-1]} of them), and skip_lines: {line} if line {line} is not data either; "
+        "if the header row comes later, set skip_lines to the number of lines above it"
+    )
+
+
+def check_csv_options(index: int, source: CsvSource) -> None:
+    """ConfigError for options no file could be read with."""
+    check_encoding(index, source.encoding)
+    if len(source.delimiter) != 1:
+        raise ConfigError(
+            f"sources.{index}.delimiter: must be a single character, got {source.delimiter!r}"
+        )
+    names = source.names or []
+    if "" in names:
+        raise ConfigError(f"sources.{index}.names: name {names.index('') + 1} is empty")
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ConfigError(f"sources.{index}.names: duplicate names: {', '.join(duplicates)}")

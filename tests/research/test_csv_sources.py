@@ -1,0 +1,234 @@
+"""CSV files as people have them: scikit-learn's files (a count line, no header), header
+options, comments, missing-value markers, encodings, and files the spec misreads."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contracts.yaml_config import ConfigError
+from research.data.records import ORIGIN
+from research.data.schema import resolve_schema
+from research.data.sources import check_sources, is_record, read_source_file, source_columns
+from research.data.spec import DatasetSpec
+
+
+def sklearn_csv(name: str, directory: Path) -> Path:
+    """One of the CSV files scikit-learn ships, copied into ``directory``."""
+    import sklearn
+
+    source = Path(sklearn.__file__).parent / "datasets" / "data" / name
+    return Path(shutil.copy(source, directory / name))
+
+
+def breast_cancer_names() -> list[str]:
+    from sklearn.datasets import load_breast_cancer
+
+    return [str(name) for name in load_breast_cancer().feature_names] + ["target"]
+
+
+def make_spec(base: Path, source: dict[str, Any], **extra: Any) -> DatasetSpec:
+    return DatasetSpec.model_validate(
+        {"name": "t", "sources": [source], "base_dir": str(base), **extra}
+    )
+
+
+def read(spec: DatasetSpec) -> tuple[list[dict], list[dict]]:
+    records, quarantined = [], []
+    for unit in check_sources(spec):
+        for item in read_source_file(unit):
+            (records if is_record(item) else quarantined).append(item)
+    return records, quarantined
+
+
+def public(record: dict) -> dict:
+    return {key: value for key, value in record.items() if not key.startswith("_")}
+
+
+# --- scikit-learn's files: the first line is a count line, not a header ----------------
+
+
+def test_a_file_whose_first_line_is_not_the_header_is_named_as_such(tmp_path: Path) -> None:
+    sklearn_csv("breast_cancer.csv", tmp_path)
+    spec = make_spec(tmp_path, {"type": "csv", "path": "breast_cancer.csv"}, labels=["target"])
+    with pytest.raises(ConfigError) as raised:
+        resolve_schema(spec)
+    message = str(raised.value)
+    assert message.startswith(
+        "sources.0: breast_cancer.csv: the header (line 1: '569,30,malignant,benign') "
+        "has 4 columns and the rows have 31."
+    )
+    assert "header: none with names (31 of them)" in message
+    assert "skip_lines: 1" in message
+
+
+def test_count_line_skipped_and_names_given_with_inferred_types(tmp_path: Path) -> None:
+    sklearn_csv("breast_cancer.csv", tmp_path)
+    names = breast_cancer_names()
+    source = {
+        "type": "csv",
+        "path": "breast_cancer.csv",
+        "skip_lines": 1,
+        "header": "none",
+        "names": names,
+    }
+    spec = make_spec(tmp_path, source, labels=["target"])
+    records, quarantined = read(spec)
+    assert quarantined == []
+    assert len(records) == 569
+    assert public(records[0])["mean radius"] == "17.99"
+    assert public(records[0])["target"] == "0"
+    assert records[0][ORIGIN] == "breast_cancer.csv:2"  # line numbers count the skipped line
+
+    resolved = resolve_schema(spec)
+    assert list(resolved.fields)[:3] == ["mean_radius", "mean_texture", "mean_perimeter"]
+    assert {field.type for name, field in resolved.fields.items() if name != "target"} == {
+        "numeric"
+    }
+    assert resolved.fields["target"].type == "categorical"
+    assert resolved.columns["mean_radius"] == "mean radius"
+    assert resolved.spec.labels == ["target"]
+
+
+def test_count_line_skipped_and_names_given_with_declared_types(tmp_path: Path) -> None:
+    sklearn_csv("iris.csv", tmp_path)
+    names = ["sepal length (cm)", "sepal width (cm)", "petal length (cm)", "petal width (cm)"]
+    source = {
+        "type": "csv",
+        "path": "iris.csv",
+        "skip_lines": 1,
+        "header": "none",
+        "names": [*names, "species"],
+    }
+    schema = {name: {"type": "numeric"} for name in names}
+    spec = make_spec(
+        tmp_path,
+        source,
+        schema={**schema, "species": {"type": "categorical"}},
+        infer_schema=False,
+        labels=["species"],
+    )
+    resolved = resolve_schema(spec)
+    assert list(resolved.fields) == [
+        "sepal_length_cm",
+        "sepal_width_cm",
+        "petal_length_cm",
+        "petal_width_cm",
+        "species",
+    ]
+    assert resolved.reasons["species"] == "declared in the spec"
+    records, quarantined = read(spec)
+    assert quarantined == [] and len(records) == 150
+    assert public(records[0]) == {
+        "sepal length (cm)": "5.1",
+        "sepal width (cm)": "3.5",
+        "petal length (cm)": "1.4",
+        "petal width (cm)": "0.2",
+        "species": "0",
+    }
+
+
+def test_names_that_do_not_fit_the_rows_are_named(tmp_path: Path) -> None:
+    sklearn_csv("wine_data.csv", tmp_path)
+    source = {
+        "type": "csv",
+        "path": "wine_data.csv",
+        "skip_lines": 1,
+        "header": "none",
+        "names": ["a", "b", "c"],
+    }
+    with pytest.raises(ConfigError) as raised:
+        resolve_schema(make_spec(tmp_path, source))
+    assert str(raised.value) == (
+        "sources.0: wine_data.csv: names has 3 entries and the rows have 14 columns; "
+        "give one name per column"
+    )
+
+
+# --- header options -----------------------------------------------------------------
+
+
+def test_header_none_without_names_numbers_the_columns(tmp_path: Path) -> None:
+    (tmp_path / "n.csv").write_text("1,x\n2,y\n")
+    spec = make_spec(tmp_path, {"type": "csv", "path": "n.csv", "header": "none"})
+    records, _ = read(spec)
+    assert [public(r) for r in records] == [
+        {"column_1": "1", "column_2": "x"},
+        {"column_1": "2", "column_2": "y"},
+    ]
+    assert [r[ORIGIN] for r in records] == ["n.csv:1", "n.csv:2"]
+
+
+def test_names_replace_a_header_and_rename_applies_after(tmp_path: Path) -> None:
+    (tmp_path / "h.csv").write_text("A,B\n1,2\n")
+    source = {"type": "csv", "path": "h.csv", "names": ["a", "b"], "rename": {"b": "beta"}}
+    records, _ = read(make_spec(tmp_path, source))
+    assert [public(r) for r in records] == [{"a": "1", "beta": "2"}]
+
+
+def test_title_lines_skipped_before_the_header_and_comments_ignored(tmp_path: Path) -> None:
+    (tmp_path / "c.csv").write_text(
+        "Measurements, spring campaign\n\nx,label\n# calibration run below\n1,a\n#2,b\n3,c\n"
+    )
+    source = {"type": "csv", "path": "c.csv", "skip_lines": 2, "comment": "#"}
+    records, quarantined = read(make_spec(tmp_path, source))
+    assert quarantined == []
+    assert [public(r) for r in records] == [{"x": "1", "label": "a"}, {"x": "3", "label": "c"}]
+    assert [r[ORIGIN] for r in records] == ["c.csv:5", "c.csv:7"]
+
+
+def test_missing_value_markers_are_missing(tmp_path: Path) -> None:
+    (tmp_path / "m.csv").write_text("x,y\n1,NA\n n/a ,?\n-,null\n3,N/A\n")
+    records, _ = read(make_spec(tmp_path, {"type": "csv", "path": "m.csv"}))
+    assert [public(r) for r in records] == [
+        {"x": "1", "y": None},
+        {"x": None, "y": None},
+        {"x": None, "y": None},
+        {"x": "3", "y": None},
+    ]
+    custom = make_spec(tmp_path, {"type": "csv", "path": "m.csv", "na_values": ["-999", "NA"]})
+    records, _ = read(custom)
+    assert public(records[2]) == {"x": "-", "y": "null"}
+
+
+def test_a_declared_encoding_and_semicolons(tmp_path: Path) -> None:
+    (tmp_path / "l.csv").write_bytes("ville;température\nSète;21,5\n".encode("latin-1"))
+    source = {"type": "csv", "path": "l.csv", "delimiter": ";", "encoding": "latin-1"}
+    records, quarantined = read(make_spec(tmp_path, source))
+    assert quarantined == []
+    assert [public(r) for r in records] == [{"ville": "Sète", "température": "21,5"}]
+    (tmp_path / "u.csv").write_bytes("a\n\xe9t\xe9\n".encode("latin-1"))
+    _, quarantined = read(make_spec(tmp_path, {"type": "csv", "path": "u.csv"}))
+    assert [q["reason"] for q in quarantined] == ["row is not valid UTF-8"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"names": ["a", "a"]}, "sources.0.names: duplicate names: a"),
+        ({"names": ["a", ""]}, "sources.0.names: name 2 is empty"),
+        ({"encoding": "klingon"}, "sources.0.encoding: unknown encoding 'klingon'"),
+        ({"delimiter": "::"}, "sources.0.delimiter: must be a single character, got '::'"),
+    ],
+)
+def test_options_no_file_could_be_read_with_are_config_errors(
+    tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
+    (tmp_path / "a.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ConfigError) as raised:
+        check_sources(make_spec(tmp_path, {"type": "csv", "path": "a.csv", **options}))
+    assert str(raised.value) == message
+
+
+def test_a_few_bad_rows_do_not_make_the_file_misread(tmp_path: Path) -> None:
+    (tmp_path / "r.csv").write_text("a,b\n1,2,3\n4,5\n6\n")
+    (found,) = source_columns(make_spec(tmp_path, {"type": "csv", "path": "r.csv"}))
+    assert found.columns == ["a", "b"]
+    _, quarantined = read(make_spec(tmp_path, {"type": "csv", "path": "r.csv"}))
+    assert [q["reason"] for q in quarantined] == [
+        "expected 2 columns, got 3",
+        "expected 2 columns, got 1",
+    ]
