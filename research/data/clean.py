@@ -12,8 +12,10 @@ Per record, in this order, so each rule sees what the next stage will see:
 4. personal data is masked in the PII fields (every text field by default).
 
 Every drop and every masked item is counted (``clean.dropped.<rule>.<field>``,
-``clean.masked.<kind>``, ``clean.records_masked``) for the data report. The rules
-are a pure function (``clean_record``) so they can be tested without a pipeline.
+``clean.masked.<kind>``, ``clean.records_masked``) for the data report, and every
+dropped record goes to the ``dropped`` output with its rule and reason, for
+``dropped.jsonl``. The rules are a pure function (``clean_record``) so they can be
+tested without a pipeline.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import apache_beam as beam
 
 from contracts.yaml_config import ConfigError
 from research.data import records
 from research.data.pii import mask_pii
-from research.data.records import Record
+from research.data.records import DROPPED_TAG, Record, dropped_entry
 from research.data.spec import CleanSpec, FieldSchema
 
 STRING_TYPES = ("text", "categorical")
@@ -44,6 +47,7 @@ class CleanRules:
     bounds: tuple[tuple[str, int, int | None], ...]
     pii_fields: tuple[str, ...]
     pii_kinds: tuple[str, ...]
+    phone_regions: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class Cleaned:
 
     record: Record | None
     dropped_by: str | None = None  # counter name, e.g. "clean.dropped.required.text"
+    reason: str = ""  # why, for people: the field, its value and the bound it broke
     masked: Mapping[str, int] = field(default_factory=dict)
 
 
@@ -82,6 +87,7 @@ def compile_rules(
         bounds=tuple((name, b.min, b.max) for name, b in clean.length.items()),
         pii_fields=pii_fields if clean.pii.kinds else (),
         pii_kinds=tuple(clean.pii.kinds),
+        phone_regions=tuple(clean.pii.phone_regions),
     )
 
 
@@ -126,30 +132,46 @@ def clean_record(record: Record, rules: CleanRules) -> Cleaned:
             cleaned[name] = normalize_text(value, rules.normalization, rules.collapse_whitespace)
     for name in rules.required:
         if _is_missing(cleaned.get(name)):
-            return Cleaned(None, f"clean.dropped.required.{name}")
+            return Cleaned(
+                None, f"clean.dropped.required.{name}", f"required field {name!r} has no value"
+            )
     for name, shortest, longest in rules.bounds:
         value = cleaned.get(name)
         if not isinstance(value, str):
             continue
         if len(value) < shortest:
-            return Cleaned(None, f"clean.dropped.too_short.{name}")
+            return _length_drop(name, len(value), "min", shortest)
         if longest is not None and len(value) > longest:
-            return Cleaned(None, f"clean.dropped.too_long.{name}")
+            return _length_drop(name, len(value), "max", longest)
+    cleaned, masked = mask_fields(cleaned, rules)
+    return Cleaned(cleaned, masked=masked)
+
+
+def _length_drop(name: str, length: int, bound: str, limit: int) -> Cleaned:
+    rule = "too_short" if bound == "min" else "too_long"
+    reason = f"field {name!r} has {length} characters, clean.length.{name}.{bound} is {limit}"
+    return Cleaned(None, f"clean.dropped.{rule}.{name}", reason)
+
+
+def mask_fields(record: Record, rules: CleanRules) -> tuple[Record, dict[str, int]]:
+    """The record with personal data masked in its PII fields, and what was masked."""
+    masked_record = dict(record)
     masked: dict[str, int] = {}
     for name in rules.pii_fields:
-        value = cleaned.get(name)
+        value = masked_record.get(name)
         if not isinstance(value, str):
             continue
-        cleaned[name], counts = mask_pii(value, rules.pii_kinds)
+        masked_record[name], counts = mask_pii(value, rules.pii_kinds, rules.phone_regions)
         for kind, found in counts.items():
             if found:
                 masked[kind] = masked.get(kind, 0) + found
-    return Cleaned(cleaned, masked=masked)
+    return masked_record, masked
 
 
 class CleanRecords(beam.PTransform):
     """Normalise, filter and mask records per the spec's ``clean`` section.
 
+    Outputs ``records`` (the main output) and ``dropped`` (dropped.jsonl entries).
     ``required`` adds to the spec's ``clean.required`` the fields without which a record
     is useless to the caller (labels, say). Misconfigured rules raise ConfigError when
     the transform is built, before any data is read.
@@ -161,14 +183,20 @@ class CleanRecords(beam.PTransform):
         super().__init__()
         self._rules = compile_rules(clean, schema, required)
 
-    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
-        return pcoll | "Clean" >> beam.FlatMap(_clean_and_count, self._rules)
+    def expand(self, pcoll: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
+        return pcoll | "Clean" >> beam.FlatMap(_clean_and_count, self._rules).with_outputs(
+            DROPPED_TAG, main="records"
+        )
 
 
-def _clean_and_count(record: Record, rules: CleanRules) -> Iterator[Record]:
+def _clean_and_count(record: Record, rules: CleanRules) -> Iterator[Any]:
     outcome = clean_record(record, rules)
     if outcome.dropped_by is not None:
         records.count(outcome.dropped_by)
+        # dropped.jsonl sits beside the dataset: it must not carry what the dataset masks.
+        preview, _ = mask_fields(record, rules)
+        entry = dropped_entry(preview, "clean", outcome.dropped_by, outcome.reason)
+        yield beam.pvalue.TaggedOutput(DROPPED_TAG, entry)
         return
     if outcome.masked:
         records.count("clean.records_masked")

@@ -8,13 +8,17 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from contracts.dataset_manifest import DatasetError
 from contracts.yaml_config import ConfigError
 
 USER_ERRORS = (ConfigError, DatasetError)
+EXIT_BUILT = 0
+EXIT_REFUSED = 3  # 2, a usage or input error, is slipway's for every command
 
 console = Console()
+errors = Console(stderr=True)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,13 +30,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="build TFRecord shards + manifest from a dataset spec (Apache Beam)",
         description="Build a dataset. Options this command does not know (e.g. --runner "
         "FlinkRunner, --flink_master=…) are passed to Apache Beam; the default runner is "
-        "Beam's in-process runner.",
+        "Beam's in-process runner. A finished build is published only when every split "
+        "holds records and at most quality.max_quarantine_fraction of the input was "
+        "quarantined or dropped; otherwise it is discarded and the destination, with any "
+        "dataset already there, is left as it was. Exit codes: 0 built; 2 the spec, a "
+        "source or the destination is wrong (nothing ran or nothing changed); 3 the build "
+        "ran and was refused (an empty split, too much input lost, or output missing).",
     )
     build.add_argument("spec", type=Path, help="dataset spec YAML")
     build.add_argument(
         "-o", "--output", type=Path, help="dataset directory (default: datasets/<name>)"
     )
-    build.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    build.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing dataset (a refused build replaces nothing)",
+    )
     build.set_defaults(handler=run_build, accepts_extra_args=True)
 
     validate = commands.add_parser(
@@ -59,28 +72,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     from research.data.pipeline import build_dataset
+    from research.data.quality import BuildRejectedError
     from research.data.report import render_report
     from research.data.spec import load_spec
 
     spec = load_spec(args.spec)
     output = args.output or Path("datasets") / spec.name
     started = time.monotonic()
-    with console.status(f"building dataset [bold]{spec.name}[/] with Apache Beam…"):
-        try:
+    try:
+        with console.status(f"building dataset [bold]{spec.name}[/] with Apache Beam…"):
             result = build_dataset(
                 spec, output, overwrite=args.overwrite, beam_args=args.extra_args
             )
-        except ConfigError as exc:
-            message = str(exc)
-            raise ConfigError(
-                message if message.startswith(str(args.spec)) else f"{args.spec}: {message}"
-            ) from None
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(
+            message if message.startswith(str(args.spec)) else f"{args.spec}: {message}"
+        ) from None
+    except BuildRejectedError as exc:
+        if exc.report is not None:
+            console.print(render_report(exc.report, title=f"{spec.name}: data report"))
+        errors.print(f"[bold red]build refused:[/] {escape(str(exc))}", highlight=False)
+        return EXIT_REFUSED
     console.print(render_report(result.report, title=f"{spec.name}: data report"))
     console.print(
         f"wrote [bold]{result.output_dir}[/] in {time.monotonic() - started:.1f}s "
         f"(spec {result.manifest.spec_hash[:12]})"
     )
-    return 0
+    return EXIT_BUILT
 
 
 def run_validate(args: argparse.Namespace) -> int:

@@ -21,6 +21,9 @@ Near duplicates are found with MinHash and locality-sensitive hashing (LSH):
   false positive plus false negative probability around the threshold; records that
   share a band's hash are candidates, and a candidate is dropped only when its
   estimated Jaccard similarity to a smaller-ranked member reaches the threshold.
+
+Every record removed goes to the ``dropped`` output with the origin of the record kept
+in its place and their similarity, for ``dropped.jsonl`` (research.data.rejects).
 """
 
 from __future__ import annotations
@@ -31,13 +34,21 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import apache_beam as beam
 import numpy as np
 
 from research.data import records
-from research.data.records import RANK, Record, pack_records, unpack_records
+from research.data.records import (
+    DROPPED_TAG,
+    ORIGIN,
+    RANK,
+    Record,
+    dropped_entry,
+    pack_records,
+    unpack_records,
+)
 from research.data.spec import NearDedupSpec
 
 MERSENNE_PRIME = (1 << 61) - 1
@@ -65,6 +76,9 @@ _BLOCK_ELEMENTS = 1 << 16
 _WORD = re.compile(r"\w+")
 
 Shingle = Literal["word", "char"]
+# One verdict: (dropped rank, rank of the earlier record it repeats, that record's
+# origin, their similarity).
+Verdict = tuple[str, str, str, float]
 
 
 # --------------------------------------------------------------------------- hashing
@@ -293,16 +307,17 @@ def band_hashes(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
 #    partition; the records themselves are packed into compressed batches;
 # 2. a shuffle per partition finds the keys shared by several records: buckets of ids;
 # 3. a second pass over the packed records, with the (small) bucket membership table as
-#    a side input, emits each bucketed record's rank and evidence (full digest, or
-#    signature) to its buckets;
+#    a side input, emits each bucketed record's rank, origin and evidence (full digest,
+#    or signature) to its buckets;
 # 4. per bucket, in rank order, the method names the records that repeat an earlier
-#    one; their ranks are removed from the packed records.
+#    one and which one; their ranks are removed from the packed records.
 
 
 class _Method(Protocol):
     """How one kind of de-duplication keys, evidences and judges records."""
 
     counter: str
+    kind: str  # "exact" or "near", for people reading dropped.jsonl
 
     def keys(self, batch: list[Record]) -> tuple[np.ndarray, np.ndarray]:
         """(indices of the records that take part, their uint32 keys: one column each)."""
@@ -310,14 +325,15 @@ class _Method(Protocol):
     def evidence(self, batch: list[Record]) -> list[bytes]:
         """What decides whether two records in a bucket are duplicates."""
 
-    def duplicate_rows(self, evidence: list[bytes]) -> Iterable[int]:
-        """Rows (in rank order) that duplicate an earlier row."""
+    def duplicate_rows(self, evidence: list[bytes]) -> Iterable[tuple[int, int, float]]:
+        """(row, earlier row it duplicates, similarity) for rows in rank order."""
 
 
 @dataclass(frozen=True)
 class _Exact:
     fields: tuple[str, ...] | None
     counter: str = "dedup.exact.merged"
+    kind: str = "exact"
 
     def _digests(self, batch: list[Record]) -> list[bytes]:
         fields = list(self.fields) if self.fields is not None else None
@@ -330,12 +346,12 @@ class _Exact:
     def evidence(self, batch: list[Record]) -> list[bytes]:
         return [digest[:16] for digest in self._digests(batch)]
 
-    def duplicate_rows(self, evidence: list[bytes]) -> Iterable[int]:
-        seen: set[bytes] = set()
+    def duplicate_rows(self, evidence: list[bytes]) -> Iterable[tuple[int, int, float]]:
+        first: dict[bytes, int] = {}
         for row, digest in enumerate(evidence):
-            if digest in seen:
-                yield row
-            seen.add(digest)
+            if digest in first:
+                yield row, first[digest], 1.0
+            first.setdefault(digest, row)
 
 
 @dataclass(frozen=True)
@@ -344,6 +360,7 @@ class _Near:
     bands: int
     rows: int
     counter: str = "dedup.near.merged"
+    kind: str = "near"
 
     def _signatures(self, batch: list[Record]) -> np.ndarray:
         texts = [value if isinstance(value := r.get(self.spec.field), str) else "" for r in batch]
@@ -363,35 +380,40 @@ class _Near:
         empty = signatures[:, 0] == _U64(EMPTY_HASH)
         return [b"" if none else row.tobytes() for row, none in zip(compact, empty, strict=True)]
 
-    def duplicate_rows(self, evidence: list[bytes]) -> Iterable[int]:
+    def duplicate_rows(self, evidence: list[bytes]) -> Iterable[tuple[int, int, float]]:
         rows = [row for row, proof in enumerate(evidence) if proof]
         if len(rows) < 2:
             return []
         matrix = np.frombuffer(b"".join(evidence[row] for row in rows), dtype=_U32)
         needed = math.ceil(self.spec.threshold * self.spec.num_perm - 1e-9)
-        return [rows[i] for i in near_duplicate_rows(matrix.reshape(len(rows), -1), needed)]
+        return [
+            (rows[row], rows[match], agree / self.spec.num_perm)
+            for row, match, agree in near_duplicate_rows(matrix.reshape(len(rows), -1), needed)
+        ]
 
 
 class DeduplicateExact(beam.PTransform):
     """Keep one record per identical content: the one with the smallest rank.
 
     Content is the SHA-256 of the canonical serialisation of ``fields`` (every public
-    field when None). Counter ``dedup.exact.merged`` counts the records removed.
+    field when None). Outputs ``records`` and ``dropped`` (dropped.jsonl entries);
+    counter ``dedup.exact.merged`` counts the records removed.
     """
 
     def __init__(self, fields: list[str] | None = None) -> None:
         super().__init__()
         self._method = _Exact(tuple(fields) if fields is not None else None)
 
-    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
+    def expand(self, pcoll: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
         return pcoll | _Deduplicate(self._method)
 
 
 class DeduplicateNear(beam.PTransform):
     """Drop records whose text is a near duplicate of a smaller-ranked record's.
 
-    Records without text (None or no shingles) are never near duplicates. Counter
-    ``dedup.near.merged`` counts the records removed.
+    Records without text (None or no shingles) are never near duplicates. Outputs
+    ``records`` and ``dropped`` (dropped.jsonl entries); counter ``dedup.near.merged``
+    counts the records removed.
     """
 
     def __init__(self, spec: NearDedupSpec) -> None:
@@ -401,7 +423,7 @@ class DeduplicateNear(beam.PTransform):
         )
         self._method = _Near(spec, bands, rows)
 
-    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
+    def expand(self, pcoll: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
         return pcoll | _Deduplicate(self._method)
 
 
@@ -410,7 +432,7 @@ class _Deduplicate(beam.PTransform):
         super().__init__()
         self._method = method
 
-    def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
+    def expand(self, pcoll: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
         method = self._method
         batches = pcoll | "Batch" >> beam.BatchElements(
             min_batch_size=BATCH_SIZE, max_batch_size=BATCH_SIZE, record_metrics=False
@@ -435,8 +457,8 @@ class _Deduplicate(beam.PTransform):
             | "Judge" >> beam.FlatMap(_judge_bucket, method)
         )
         return packed | "Remove" >> beam.ParDo(
-            _RemoveRanks(method.counter), beam.pvalue.AsList(drops)
-        )
+            _RemoveRanks(method), beam.pvalue.AsList(drops)
+        ).with_outputs(DROPPED_TAG, main="records")
 
 
 def _key_partitions(batch: list[Record], method: _Method) -> Iterator[tuple[int, bytes]]:
@@ -483,7 +505,7 @@ def _membership_table(rows: list[bytes]) -> bytes:
 
 
 class _EvidenceToBuckets(beam.DoFn):
-    """(bucket key, (rank, evidence)) for every bucket each record sits in.
+    """(bucket key, (rank, origin, evidence)) for every bucket each record sits in.
 
     Evidence (digests, signatures) is recomputed for the few bucketed records rather
     than carried through the shuffle for all of them.
@@ -494,7 +516,9 @@ class _EvidenceToBuckets(beam.DoFn):
         self._source: bytes | None = None
         self._table = np.empty((0, 2), dtype=_U64)
 
-    def process(self, packed: bytes, memberships: bytes) -> Iterator[tuple[int, tuple[str, bytes]]]:
+    def process(
+        self, packed: bytes, memberships: bytes
+    ) -> Iterator[tuple[int, tuple[str, str, bytes]]]:
         if memberships is not self._source:  # the runner hands the same value within a bundle
             self._source = memberships
             self._table = np.frombuffer(memberships, dtype=_U64).reshape(-1, 2)
@@ -507,53 +531,96 @@ class _EvidenceToBuckets(beam.DoFn):
         chosen = np.flatnonzero(last > first)
         evidence = self._method.evidence([batch[i] for i in chosen])
         for index, proof in zip(chosen, evidence, strict=True):
-            value = (batch[index][RANK], proof)
+            value = (batch[index][RANK], str(batch[index].get(ORIGIN, "")), proof)
             for key in self._table[first[index] : last[index], 1]:
                 yield int(key), value
 
 
-def _judge_bucket(item: tuple[int, Iterable[tuple[str, bytes]]], method: _Method) -> Iterator[str]:
-    """Ranks in a bucket that the method finds repeating a smaller rank."""
-    members = dict(item[1])
+def _judge_bucket(
+    item: tuple[int, Iterable[tuple[str, str, bytes]]], method: _Method
+) -> Iterator[Verdict]:
+    """A verdict for each record in a bucket that the method finds repeating a smaller rank."""
+    members = {rank: (origin, proof) for rank, origin, proof in item[1]}
     ranks = sorted(members)
-    for row in method.duplicate_rows([members[rank] for rank in ranks]):
-        yield ranks[row]
+    for row, match, similarity in method.duplicate_rows([members[r][1] for r in ranks]):
+        yield ranks[row], ranks[match], members[ranks[match]][0], similarity
+
+
+def _first_verdicts(verdicts: Iterable[Verdict]) -> dict[str, Verdict]:
+    """One verdict per dropped rank: the one naming the smallest earlier rank.
+
+    A record may repeat different records in different buckets (LSH bands); choosing by
+    rank makes dropped.jsonl the same on every run.
+    """
+    chosen: dict[str, Verdict] = {}
+    for verdict in sorted(verdicts):
+        chosen.setdefault(verdict[0], verdict)
+    return chosen
+
+
+def _reason(verdict: Verdict, kept: Verdict, kind: str) -> str:
+    """Why a record was dropped; a chain (c repeats b, b repeats a) names both."""
+    _, matched_rank, matched_origin, similarity = verdict
+    reason = f"{kind} duplicate of {matched_origin} (similarity {similarity:.2f})"
+    if kept[1] != matched_rank:
+        reason += f", itself a duplicate of {kept[2]}, which was kept"
+    return reason
 
 
 class _RemoveRanks(beam.DoFn):
-    """Unpack record batches, keeping the records whose rank is not among the drops."""
+    """Unpack record batches: records not judged duplicates go on, the others to ``dropped``."""
 
-    def __init__(self, counter: str) -> None:
-        self._counter = counter
-        self._source: list[str] | None = None
-        self._drops: frozenset[str] = frozenset()
+    def __init__(self, method: _Method) -> None:
+        self._counter = method.counter
+        self._kind = method.kind
+        self._source: list[Verdict] | None = None
+        self._verdicts: dict[str, Verdict] = {}
 
-    def process(self, packed: bytes, drops: list[str]) -> Iterator[Record]:
-        if drops is not self._source:  # the runner hands the same list within a bundle
-            self._source, self._drops = drops, frozenset(drops)
+    def _kept(self, verdict: Verdict) -> Verdict:
+        """The verdict naming the record that survives: follow a chain of duplicates."""
+        while verdict[1] in self._verdicts:  # ranks only decrease along a chain
+            verdict = self._verdicts[verdict[1]]
+        return verdict
+
+    def process(self, packed: bytes, verdicts: list[Verdict]) -> Iterator[Any]:
+        if verdicts is not self._source:  # the runner hands the same list within a bundle
+            self._source, self._verdicts = verdicts, _first_verdicts(verdicts)
         removed = 0
         for record in unpack_records(packed):
-            if record[RANK] in self._drops:
-                removed += 1
-            else:
+            verdict = self._verdicts.get(record[RANK])
+            if verdict is None:
                 yield record
+                continue
+            removed += 1
+            kept = self._kept(verdict)
+            entry = dropped_entry(
+                record,
+                "dedup",
+                self._counter,
+                _reason(verdict, kept, self._kind),
+                kept=kept[2],
+                similarity=round(verdict[3], 4),
+            )
+            yield beam.pvalue.TaggedOutput(DROPPED_TAG, entry)
         if removed:
             records.count(self._counter, removed)
 
 
-def near_duplicate_rows(signatures: np.ndarray, needed: int) -> list[int]:
-    """Rows (in rank order) agreeing in ``needed`` positions with an earlier row.
+def near_duplicate_rows(signatures: np.ndarray, needed: int) -> list[tuple[int, int, int]]:
+    """(row, first earlier row it agrees with in ``needed`` positions, positions agreeing).
 
-    Each row is compared with at most ``MAX_COMPARISONS`` earlier rows: the first ones,
-    the records most likely to be kept.
+    Rows come in rank order. Each row is compared with at most ``MAX_COMPARISONS`` earlier
+    rows: the first ones, the records most likely to be kept.
     """
     reference = signatures[:MAX_COMPARISONS]
-    duplicates: list[int] = []
+    duplicates: list[tuple[int, int, int]] = []
     chunk = max(1, _BLOCK_ELEMENTS // max(1, reference.size))
     for begin in range(1, len(signatures), chunk):
         rows = signatures[begin : begin + chunk]
         agree = (rows[:, None, :] == reference[None, :, :]).sum(axis=2)
         earlier = np.arange(len(reference))[None, :] < np.arange(begin, begin + len(rows))[:, None]
-        hits = ((agree >= needed) & earlier).any(axis=1)
-        duplicates.extend(int(begin + row) for row in np.flatnonzero(hits))
+        hits = (agree >= needed) & earlier
+        for row in np.flatnonzero(hits.any(axis=1)):
+            match = int(np.argmax(hits[row]))  # the first True: the smallest rank
+            duplicates.append((int(begin + row), match, int(agree[row, match])))
     return duplicates

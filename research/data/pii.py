@@ -12,8 +12,21 @@ first, then cards, then IPv4 addresses, then phones.
 
 Precision matters as much as recall: a dataset where every year, date, version or
 order number became ``[PHONE]`` is damaged. Hence cards must pass the Luhn check,
-IPv4 octets must be 0-255, and phone numbers need the shape of a real number (a
-``+`` country code, or the North American 3-3-4 layout).
+IPv4 octets must be 0-255, and a number that a label names as something else
+("version 1.2.3.4", "ISBN 0-306-40615-2") is left alone. Phone numbers are found by
+Google's libphonenumber (the ``phonenumbers`` port), which knows every country's
+numbering plan:
+
+- a number written with ``+`` and a country code is masked when its length is possible
+  for that country, whatever the regions;
+- a national number (``020 7946 0958``, ``06 12 34 56 78``) is masked when it is valid
+  in one of the spec's ``phone_regions`` *and* grouped the way that country writes its
+  numbers (libphonenumber's strict grouping), which is what keeps dates, ISBNs and
+  plain numbers out;
+- in North America libphonenumber accepts only assigned area codes, so a number with a
+  new or unlisted one would leak: there any possible number written in the 3-3-4
+  layout counts — area code in parentheses, or the same "-", "." or space between all
+  groups (mixed separators are more often a date or a list than a number).
 """
 
 from __future__ import annotations
@@ -23,7 +36,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from research.data.spec import PII_KINDS
+import phonenumbers
+from phonenumbers import Leniency, PhoneNumberMatcher
+
+from research.data.spec import DEFAULT_PHONE_REGIONS, PII_KINDS
 
 # Overlapping patterns must be applied in this order (see the module docstring).
 APPLY_ORDER: tuple[str, ...] = ("email", "card", "ipv4", "phone")
@@ -56,19 +72,24 @@ _CARD_DIGITS = (13, 19)
 # a word (v1.2.3.4); the 0-255 range of each octet is checked on the match.
 _IPV4 = re.compile(rf"{_D}(?<![\w.]{_D}){_D}{{0,2}}(?:\.{_D}{{1,3}}){{3}}(?!\w|\.{_D})")
 
-# International numbers start with "+" and a country code; North American ones are
-# 3-3-4 digits (optionally after a "1" trunk prefix), with the area code in parentheses
-# or the same "-", "." or space between all groups (mixed separators are more often a
-# date or a list than a number).
-_PHONE_END = rf"(?!\w|[-.]{_D})"
-_PHONE = re.compile(
-    rf"\+(?<![\w+]\+)[1-9]{_D}{{0,2}}(?:[ .-]?(?:\({_D}{{1,4}}\)|{_D}{{1,4}})){{2,6}}{_PHONE_END}"
-    rf"|\((?<![\w.+-]\(){_D}{{3}}\) ?{_D}{{3}}[-. ]{_D}{{4}}{_PHONE_END}"
-    rf"|1(?<![\w.+-]1)[-. ](?:\({_D}{{3}}\) ?{_D}{{3}}[-. ]|{_D}{{3}}([-. ]){_D}{{3}}\1){_D}{{4}}{_PHONE_END}"
-    rf"|{_D}(?<![\w.+-]{_D}){_D}{{2}}([-. ]){_D}{{3}}\2{_D}{{4}}{_PHONE_END}"
+# A label just before a number that says what the number is: then it is not personal
+# data, whatever it looks like ("version 10.0.0.1", "ISBN 978-0-306-40615-7").
+_LABEL_BEFORE = re.compile(
+    r"(?:\b(?:isbn(?:-1[03])?|issn|doi|version|ver|release|build|firmware|revision|rev)"
+    r"|(?<![\w.])v)\.?[ \t]*[:#]?[ \t]*$",
+    re.IGNORECASE,
+)
+_LABEL_WINDOW = 24  # characters looked at before a number for its label
+
+# The North American 3-3-4 layout (see the module docstring), optionally after a "1".
+_NANP_LAYOUT = re.compile(
+    rf"(?:1[-. ])?(?:\({_D}{{3}}\) ?{_D}{{3}}[-. ]{_D}{{4}}|{_D}{{3}}([-. ]){_D}{{3}}\1{_D}{{4}})"
 )
 # E.164 allows at most 15 digits; fewer than 8 is not a reachable number.
 _PHONE_DIGITS = (8, 15)
+# Characters that glue a number to what is around it: "v415-555-0134", "0-8044-2957-X".
+_GLUE_BEFORE = re.compile(r"[\w.+-]")
+_GLUE_AFTER = re.compile(r"\w|[-.]\w")
 
 _NON_DIGIT = re.compile(r"[^0-9]")
 _ASCII_DIGITS = b"0123456789"
@@ -92,38 +113,109 @@ def _digits_between(text: str, bounds: tuple[int, int]) -> str | None:
     return digits if bounds[0] <= len(digits) <= bounds[1] else None
 
 
-def _is_card(candidate: str) -> bool:
-    digits = _digits_between(candidate, _CARD_DIGITS)
-    return digits is not None and luhn_valid(digits)
+def _labelled(text: str, start: int) -> bool:
+    """Whether the number starting at ``start`` follows a label such as "version" or "ISBN"."""
+    return _LABEL_BEFORE.search(text, max(0, start - _LABEL_WINDOW), start) is not None
 
 
-def _is_phone(candidate: str) -> bool:
-    return _digits_between(candidate, _PHONE_DIGITS) is not None
+def _is_card(match: re.Match[str]) -> bool:
+    digits = _digits_between(match.group(0), _CARD_DIGITS)
+    return digits is not None and luhn_valid(digits) and not _labelled(match.string, match.start())
 
 
-def _is_ipv4(candidate: str) -> bool:
-    return all(
-        octet == "0" or (octet[0] != "0" and int(octet) <= 255) for octet in candidate.split(".")
-    )
+def _is_ipv4(match: re.Match[str]) -> bool:
+    octets = match.group(0).split(".")
+    in_range = all(octet == "0" or (octet[0] != "0" and int(octet) <= 255) for octet in octets)
+    return in_range and not _labelled(match.string, match.start())
+
+
+# ------------------------------------------------------------------------------ phones
+
+
+@lru_cache(maxsize=256)
+def _is_nanp(region: str) -> bool:
+    return phonenumbers.country_code_for_region(region) == 1
+
+
+def _stands_alone(text: str, start: int, end: int) -> bool:
+    glued_before = start > 0 and _GLUE_BEFORE.match(text, start - 1) is not None
+    return not glued_before and _GLUE_AFTER.match(text, end) is None
+
+
+def _phone_spans(text: str, regions: tuple[str, ...]) -> list[tuple[int, int]]:
+    """(start, end) of every phone number, non-overlapping, in text order."""
+    spans = []
+    # Region None parses only numbers written with "+" and a country code.
+    for match in PhoneNumberMatcher(text, None, leniency=Leniency.POSSIBLE):
+        if _digits_between(match.raw_string, _PHONE_DIGITS):
+            spans.append((match.start, match.end))
+    for region in regions:
+        nanp = _is_nanp(region)
+        leniency = Leniency.POSSIBLE if nanp else Leniency.STRICT_GROUPING
+        for match in PhoneNumberMatcher(text, region, leniency=leniency):
+            raw = match.raw_string
+            if raw.startswith("+") or (nanp and not _NANP_LAYOUT.fullmatch(raw)):
+                continue
+            spans.append((match.start, match.end))
+    found: list[tuple[int, int]] = []
+    for start, end in sorted(spans, key=lambda span: (span[0], -span[1])):
+        overlaps = found and start < found[-1][1]
+        if not overlaps and _stands_alone(text, start, end) and not _labelled(text, start):
+            found.append((start, end))
+    return found
+
+
+def _mask_phones(text: str, regions: tuple[str, ...]) -> tuple[str, int]:
+    spans = _phone_spans(text, regions)
+    for start, end in reversed(spans):
+        text = f"{text[:start]}[PHONE]{text[end:]}"
+    return text, len(spans)
+
+
+# ------------------------------------------------------------------------------ masking
+
+
+Masker = Callable[[str, tuple[str, ...]], tuple[str, int]]  # (text, phone regions)
+
+
+def _pattern_masker(
+    pattern: re.Pattern[str], placeholder: str, check: Callable[[re.Match[str]], bool] | None
+) -> Masker:
+    """Replace the matches of ``pattern`` that pass ``check`` (what a regex cannot express)."""
+
+    def mask(text: str, _regions: tuple[str, ...]) -> tuple[str, int]:
+        if check is None:
+            return pattern.subn(placeholder, text)
+        replaced = 0
+
+        def replace(match: re.Match[str]) -> str:
+            nonlocal replaced
+            if check(match):
+                replaced += 1
+                return placeholder
+            return match.group(0)
+
+        return pattern.sub(replace, text), replaced
+
+    return mask
 
 
 @dataclass(frozen=True)
 class _Kind:
-    pattern: re.Pattern[str]
     placeholder: str
+    mask: Masker
     # Cheap necessary conditions (ASCII digits, occurrences of a marker character) that
-    # keep most text away from the regexes.
+    # keep most text away from the matchers.
     min_digits: int
     marker: str = ""
     min_markers: int = 0
-    check: Callable[[str], bool] | None = None  # what a regex cannot express
 
 
 _KINDS: dict[str, _Kind] = {
-    "email": _Kind(_EMAIL, "[EMAIL]", 0, marker="@", min_markers=1),
-    "card": _Kind(_CARD, "[CARD]", _CARD_DIGITS[0], check=_is_card),
-    "ipv4": _Kind(_IPV4, "[IPV4]", 4, marker=".", min_markers=3, check=_is_ipv4),
-    "phone": _Kind(_PHONE, "[PHONE]", _PHONE_DIGITS[0], check=_is_phone),
+    "email": _Kind("[EMAIL]", _pattern_masker(_EMAIL, "[EMAIL]", None), 0, "@", 1),
+    "card": _Kind("[CARD]", _pattern_masker(_CARD, "[CARD]", _is_card), _CARD_DIGITS[0]),
+    "ipv4": _Kind("[IPV4]", _pattern_masker(_IPV4, "[IPV4]", _is_ipv4), 4, ".", 3),
+    "phone": _Kind("[PHONE]", _mask_phones, _PHONE_DIGITS[0]),
 }
 PLACEHOLDERS: dict[str, str] = {name: kind.placeholder for name, kind in _KINDS.items()}
 
@@ -138,34 +230,24 @@ def _plan(kinds: frozenset[str]) -> tuple[str, ...]:
     return tuple(kind for kind in APPLY_ORDER if kind in kinds)
 
 
-def _mask_kind(text: str, kind: _Kind) -> tuple[str, int]:
-    check = kind.check
-    if check is None:
-        return kind.pattern.subn(kind.placeholder, text)
-    replaced = 0
-
-    def replace(match: re.Match[str]) -> str:
-        nonlocal replaced
-        if check(match.group(0)):
-            replaced += 1
-            return kind.placeholder
-        return match.group(0)
-
-    return kind.pattern.sub(replace, text), replaced
-
-
 def _ascii_digit_count(text: str) -> int:
     encoded = text.encode("utf-8", "surrogatepass")  # JSON may carry lone surrogates
     return len(encoded) - len(encoded.translate(None, _ASCII_DIGITS))
 
 
-def mask_pii(text: str, kinds: Iterable[str] = PII_KINDS) -> tuple[str, dict[str, int]]:
+def mask_pii(
+    text: str,
+    kinds: Iterable[str] = PII_KINDS,
+    phone_regions: Iterable[str] = DEFAULT_PHONE_REGIONS,
+) -> tuple[str, dict[str, int]]:
     """Replace every recognised item of ``kinds`` by its placeholder.
 
+    ``phone_regions`` are the ISO 3166 regions whose national phone formats count.
     Returns the masked text and, for each requested kind, how many items were replaced.
     Raises ValueError for an unknown kind so a misspelt spec never masks nothing quietly.
     """
     plan = _plan(frozenset(kinds))
+    regions = tuple(phone_regions)
     counts = dict.fromkeys(plan, 0)
     # Each replacement removes more digits than its placeholder holds: an upper bound.
     digits = _ascii_digit_count(text)
@@ -173,5 +255,5 @@ def mask_pii(text: str, kinds: Iterable[str] = PII_KINDS) -> tuple[str, dict[str
         kind = _KINDS[name]
         if digits < kind.min_digits or (kind.marker and text.count(kind.marker) < kind.min_markers):
             continue
-        text, counts[name] = _mask_kind(text, kind)
+        text, counts[name] = kind.mask(text, regions)
     return text, counts

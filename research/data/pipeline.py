@@ -5,15 +5,14 @@ near de-duplication -> deterministic split -> subword vocabulary from the traini
 split -> token ids -> statistics, categories and shards.
 
 The build writes into a staging directory beside the destination and renames it into
-place only when everything succeeded, so a failed or interrupted build never leaves
-a directory that looks like a dataset, and an existing dataset is replaced only when
-asked to (``overwrite``), by a rename.
+place only when everything succeeded and the result passed research.data.quality's
+checks (complete, no empty split, bounded loss), so a failed, interrupted or refused
+build never leaves a directory that looks like a dataset, and an existing dataset is
+replaced only when asked to (``overwrite``), by a rename.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -22,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from contracts.atomic_files import write_json_atomically
 from contracts.dataset_manifest import (
@@ -35,11 +33,15 @@ from contracts.dataset_manifest import (
 )
 from contracts.features import FeatureSpec
 from contracts.yaml_config import ConfigError
-from research.data import records
+from research.data import filesystems, records
 from research.data.categories import CategoryVocabularies
 from research.data.clean import CleanRecords
 from research.data.dedup import DeduplicateExact, DeduplicateNear
+from research.data.quality import check_build, read_side_file, require_side_file
+from research.data.records import DROPPED_TAG
+from research.data.rejects import DROPPED_FILE, QUARANTINE_FILE, write_entries
 from research.data.report import REPORT_FILE, build_report
+from research.data.runners import pipeline_options
 from research.data.schema import ConformToSchema, resolve_schema
 from research.data.shards import WriteShards, shard_file_name, write_shard
 from research.data.sources import ReadSources, check_sources
@@ -48,8 +50,6 @@ from research.data.split import SPLIT, AssignSplit
 from research.data.stats import ComputeStatistics, empty_statistics
 from research.data.vocab import FieldVocabularies, TokenizeRecords
 
-IN_PROCESS_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
-QUARANTINE_FILE = "quarantine.jsonl"
 VOCAB_DIR = "vocab"
 _BUILD_DIR = "_build"
 
@@ -61,8 +61,13 @@ class BuildResult:
     report: dict[str, Any]
 
 
-def feature_specs(spec: DatasetSpec, schema: dict[str, FieldSchema]) -> dict[str, FeatureSpec]:
-    """The manifest's features before the build fills in vocabularies."""
+def feature_specs(
+    spec: DatasetSpec, schema: dict[str, FieldSchema], columns: dict[str, str] | None = None
+) -> dict[str, FeatureSpec]:
+    """The manifest's features before the build fills in vocabularies.
+
+    ``columns`` maps a feature named otherwise than its source column to that column.
+    """
     return {
         name: FeatureSpec(
             name=name,
@@ -73,6 +78,7 @@ def feature_specs(spec: DatasetSpec, schema: dict[str, FieldSchema]) -> dict[str
             width=field.width,
             channels=field.channels,
             is_label=name in spec.labels,
+            source_name=(columns or {}).get(name),
         )
         for name, field in schema.items()
     }
@@ -91,36 +97,19 @@ def vocab_fields(spec: DatasetSpec, schema: dict[str, FieldSchema]) -> list[str]
     return [name for name, field in schema.items() if field.type == "text"]
 
 
-def _input_order(entry: dict[str, str]) -> tuple[Any, ...]:
-    parts = re.split(r"(\d+)", entry["origin"])
-    natural = [int(part) if index % 2 else part for index, part in enumerate(parts)]
-    return natural, entry["stage"], entry["reason"]
-
-
-def write_quarantine(entries: list[dict[str, str]], path: str) -> str:
-    """Quarantined inputs in input order (file, then line), whatever order bundles ran in.
-
-    The list is held by one worker; each entry's raw text is capped (records.quarantine_entry).
-    """
-    with open(path, "w", encoding="utf-8") as handle:
-        for entry in sorted(entries, key=_input_order):
-            handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
-    return path
-
-
 def _write_json(path: str) -> Any:
     def write(value: Any) -> str:
-        write_json_atomically(path, value)
+        filesystems.write_json(path, value)
         return path
 
     return beam.Map(write)
 
 
-def _save_vocabulary(directory: str) -> Any:
+def _save_vocabulary(directory: str, temp_dir: str) -> Any:
     def save(item: tuple[str, Any]) -> str:
         field, vocabulary = item
-        path = str(Path(directory) / f"{field}.json")
-        vocabulary.save(path)
+        path = filesystems.join(directory, f"{field}.json")
+        vocabulary.save(path, temp_dir)
         return path
 
     return beam.Map(save)
@@ -132,11 +121,17 @@ def construct_pipeline(
     schema: dict[str, FieldSchema],
     features: dict[str, FeatureSpec],
     staging: Path,
+    columns: dict[str, str] | None = None,
 ) -> None:
-    """Lay the build's transforms onto ``pipeline``; results land in ``staging``."""
+    """Lay the build's transforms onto ``pipeline``; results land in ``staging``.
+
+    ``columns``: ``ResolvedSchema.columns``, the source column of each renamed field.
+    """
     build_dir = staging / _BUILD_DIR
+    # Workers' unfinished files; removed with build_dir, so they never reach the dataset.
+    scratch = str(build_dir / "tmp")
     read = pipeline | "Read" >> ReadSources(spec)
-    conformed = read.records | "Conform" >> ConformToSchema(schema)
+    conformed = read.records | "Conform" >> ConformToSchema(schema, columns)
     quarantine = (
         read[records.QUARANTINE_TAG],
         conformed[records.QUARANTINE_TAG],
@@ -144,17 +139,26 @@ def construct_pipeline(
     (
         quarantine
         | "QuarantineList" >> beam.combiners.ToList()
-        | "WriteQuarantine" >> beam.Map(write_quarantine, str(staging / QUARANTINE_FILE))
+        | "WriteQuarantine" >> beam.Map(write_entries, str(staging / QUARANTINE_FILE))
     )
 
-    clean = conformed.records | "Clean" >> CleanRecords(
-        spec.clean, schema, required_fields(spec, schema)
-    )
-    unique = clean
+    # Each stage that removes records sends them to its ``dropped`` output.
+    stages = [("Clean", CleanRecords(spec.clean, schema, required_fields(spec, schema)))]
     if spec.dedup.exact.enabled:
-        unique = unique | "ExactDedup" >> DeduplicateExact(spec.dedup.exact.fields)
+        stages.append(("ExactDedup", DeduplicateExact(spec.dedup.exact.fields)))
     if spec.dedup.near is not None:
-        unique = unique | "NearDedup" >> DeduplicateNear(spec.dedup.near)
+        stages.append(("NearDedup", DeduplicateNear(spec.dedup.near)))
+    unique, dropped = conformed.records, []
+    for label, transform in stages:
+        outputs = unique | label >> transform
+        unique = outputs.records
+        dropped.append(outputs[DROPPED_TAG])
+    (
+        tuple(dropped)
+        | "AllDropped" >> beam.Flatten()
+        | "DroppedList" >> beam.combiners.ToList()
+        | "WriteDropped" >> beam.Map(write_entries, str(staging / DROPPED_FILE))
+    )
     tagged = unique | "Split" >> AssignSplit(spec.split)
 
     text_fields = vocab_fields(spec, schema)
@@ -167,7 +171,7 @@ def construct_pipeline(
             min_frequency=spec.vocab.min_frequency,
             lowercase=spec.vocab.lowercase,
         )
-        _ = vocabularies | "SaveVocabularies" >> _save_vocabulary(str(staging / VOCAB_DIR))
+        _ = vocabularies | "SaveVocabularies" >> _save_vocabulary(str(staging / VOCAB_DIR), scratch)
         tagged = tagged | "Tokenize" >> TokenizeRecords(
             text_fields, beam.pvalue.AsDict(vocabularies)
         )
@@ -189,7 +193,7 @@ def construct_pipeline(
     shards = {split: spec.output.shards_for(split) for split in spec.split.ratios}
     (
         tagged
-        | "Shards" >> WriteShards(staging, features, shards, spec.output.compression)
+        | "Shards" >> WriteShards(staging, features, shards, spec.output.compression, scratch)
         | "ShardList" >> beam.combiners.ToList()
         | "WriteShardList" >> _write_json(str(build_dir / "shards.json"))
     )
@@ -206,15 +210,13 @@ def _counters(result: beam.runners.runner.PipelineResult) -> dict[str, int]:
     return totals
 
 
-def _read_json(path: Path, default: Any) -> Any:
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else default
-
-
 def _collect_splits(
     spec: DatasetSpec, staging: Path, written: list[list[Any]]
 ) -> dict[str, SplitInfo]:
     """Shard infos per split, adding empty shards so every split has all its files."""
     by_name = {info["path"]: ShardInfo(**info) for _, info in written}
+    for name in by_name:
+        require_side_file(staging / name)
     splits: dict[str, SplitInfo] = {}
     for split in spec.split.ratios:
         count = spec.output.shards_for(split)
@@ -228,7 +230,10 @@ def _collect_splits(
 
 
 def _finish_features(
-    features: dict[str, FeatureSpec], staging: Path, categories: dict[str, list[str]]
+    features: dict[str, FeatureSpec],
+    staging: Path,
+    categories: dict[str, list[str]],
+    text_fields: list[str],
 ) -> dict[str, FeatureSpec]:
     from dataclasses import replace
 
@@ -238,14 +243,13 @@ def _finish_features(
     for name, feature in features.items():
         if feature.type == "categorical":
             feature = replace(feature, vocabulary=tuple(categories.get(name, ())))
-        elif feature.type == "text":
-            path = staging / VOCAB_DIR / f"{name}.json"
-            if path.exists():
-                feature = replace(
-                    feature,
-                    vocabulary_file=f"{VOCAB_DIR}/{name}.json",
-                    vocab_size=Vocabulary.load(path).size,
-                )
+        elif name in text_fields:
+            path = require_side_file(staging / VOCAB_DIR / f"{name}.json")
+            feature = replace(
+                feature,
+                vocabulary_file=f"{VOCAB_DIR}/{name}.json",
+                vocab_size=Vocabulary.load(path).size,
+            )
         finished[name] = feature
     return finished
 
@@ -275,15 +279,6 @@ def _publish(staging: Path, output_dir: Path, overwrite: bool) -> None:
         staging.rename(output_dir)
 
 
-def pipeline_options(beam_args: list[str] | None) -> PipelineOptions:
-    """Beam options from the command line; the in-process runner unless one is named."""
-    options = PipelineOptions(beam_args or [])
-    standard = options.view_as(StandardOptions)
-    if not standard.runner:
-        standard.runner = IN_PROCESS_RUNNER
-    return options
-
-
 def build_dataset(
     spec: DatasetSpec,
     output_dir: str | Path,
@@ -295,8 +290,10 @@ def build_dataset(
     output_dir = Path(output_dir).resolve()
     check_destination(output_dir, overwrite)
     check_sources(spec)
-    schema = resolve_schema(spec)
-    features = feature_specs(spec, schema)
+    as_written = spec
+    resolved = resolve_schema(spec)
+    spec, schema = resolved.spec, resolved.fields  # fields go by their feature names from here
+    features = feature_specs(spec, schema, resolved.columns)
 
     try:
         pipeline = beam.Pipeline(options=pipeline_options(beam_args))
@@ -308,18 +305,25 @@ def build_dataset(
     (staging / _BUILD_DIR).mkdir(parents=True)
     (staging / VOCAB_DIR).mkdir()
     try:
-        construct_pipeline(pipeline, spec, schema, features, staging)
+        construct_pipeline(pipeline, spec, schema, features, staging, resolved.columns)
         result = pipeline.run()
         result.wait_until_finish()
 
         build_dir = staging / _BUILD_DIR
-        splits = _collect_splits(spec, staging, _read_json(build_dir / "shards.json", []))
-        statistics = _read_json(build_dir / "statistics.json", {})
-        categories = _read_json(build_dir / "categories.json", {})
-        features = _finish_features(features, staging, categories)
+        splits = _collect_splits(spec, staging, read_side_file(build_dir / "shards.json"))
+        statistics = read_side_file(build_dir / "statistics.json")
+        categories = read_side_file(build_dir / "categories.json")
+        report = build_report(
+            _counters(result),
+            {name: split.num_records for name, split in splits.items()},
+            spec.quality,
+        )
+        report["schema"] = resolved.report()
+        check_build(report, staging, output_dir)
+        features = _finish_features(features, staging, categories, vocab_fields(spec, schema))
         manifest = Manifest(
             name=spec.name,
-            spec_hash=spec.spec_hash(),
+            spec_hash=as_written.spec_hash(),
             compression=spec.output.compression,
             features=features,
             labels=list(spec.labels),
@@ -333,10 +337,7 @@ def build_dataset(
                 if feature.vocabulary_file
             },
             created=datetime.now(UTC).isoformat(timespec="seconds"),
-            provenance={"spec": spec.model_dump(mode="json", by_alias=True)},
-        )
-        report = build_report(
-            _counters(result), {name: split.num_records for name, split in splits.items()}
+            provenance={"spec": as_written.model_dump(mode="json", by_alias=True)},
         )
         shutil.rmtree(build_dir)
         if not any((staging / VOCAB_DIR).iterdir()):

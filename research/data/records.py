@@ -12,8 +12,10 @@ underscore are bookkeeping and never reach the written Examples:
 
 Records that cannot be used are not dropped silently: they go to the quarantine
 output as ``{"origin", "stage", "reason", "raw"}`` and are written to
-``quarantine.jsonl`` beside the dataset. Every rule counts what it did with a Beam
-counter in ``METRICS_NAMESPACE``; the data report is made from those counters.
+``quarantine.jsonl`` beside the dataset; records removed on purpose (a clean rule, a
+duplicate) go to the dropped output and ``dropped.jsonl`` (research.data.rejects).
+Every rule counts what it did with a Beam counter in ``METRICS_NAMESPACE``; the data
+report is made from those counters.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ Record = dict[str, Any]
 ORIGIN = "_origin"
 RANK = "_rank"
 QUARANTINE_TAG = "quarantine"
+DROPPED_TAG = "dropped"
 METRICS_NAMESPACE = "slipway.data"
 RAW_PREVIEW_CHARS = 1000
 PACK_BATCH_SIZE = 512
@@ -54,6 +57,17 @@ def quarantine_entry(origin: str, stage: str, reason: str, raw: Any) -> dict[str
         if len(preview) > RAW_PREVIEW_CHARS:
             preview = preview[:RAW_PREVIEW_CHARS] + "…"
     return {"origin": origin, "stage": stage, "reason": reason, "raw": preview}
+
+
+def dropped_entry(record: Record, stage: str, rule: str, reason: str, **details: Any) -> dict:
+    """A dropped.jsonl line: the record removed at ``stage`` by ``rule`` (its counter), why,
+    and ``details`` such as the duplicate's ``kept`` record."""
+    preview = {
+        name: f"<{len(value)} bytes>" if isinstance(value, bytes) else value
+        for name, value in public_fields(record).items()
+    }
+    entry = quarantine_entry(str(record.get(ORIGIN, "")), stage, reason, preview)
+    return {"origin": entry["origin"], "stage": stage, "rule": rule, **details, **entry}
 
 
 def count(name: str, value: int = 1) -> None:

@@ -19,12 +19,40 @@ from contracts.yaml_config import ConfigError, StrictModel, load_yaml_model
 FieldType = Literal["numeric", "categorical", "text", "image"]
 PiiKind = Literal["email", "phone", "ipv4", "card"]
 PII_KINDS: tuple[PiiKind, ...] = ("email", "phone", "ipv4", "card")
+# Regions whose national phone formats are masked by default: North American numbers
+# and the three largest European numbering plans. Numbers written with "+" and a country
+# code are masked whatever the list holds.
+DEFAULT_PHONE_REGIONS: tuple[str, ...] = ("US", "GB", "FR", "DE")
+
+
+# Cell values that mean "missing" in CSV files as people write them ("?" is the UCI
+# repository's marker; NaN needs none: it parses as a number and is read as missing).
+DEFAULT_NA_VALUES: tuple[str, ...] = ("", "NA", "N/A", "n/a", "null", "?", "-")
 
 
 class CsvSource(StrictModel):
+    """A CSV file (or glob); research.data.csv_source documents every option."""
+
     type: Literal["csv"]
     path: str = Field(description="file or glob, relative to the spec file")
     delimiter: str = ","
+    header: Literal["first_row", "none"] = Field(
+        default="first_row", description="first_row: the first line read names the columns"
+    )
+    skip_lines: int = Field(
+        default=0, ge=0, description="lines skipped at the top of each file, before anything"
+    )
+    names: list[str] | None = Field(
+        default=None, description="column names; replace the header row's names if there is one"
+    )
+    comment: str | None = Field(
+        default=None, min_length=1, description="lines starting with this text are ignored"
+    )
+    encoding: str = "utf-8"
+    na_values: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_NA_VALUES),
+        description="cell values (compared without surrounding spaces) that mean missing",
+    )
     rename: dict[str, str] = Field(default_factory=dict, description="source column -> field")
 
 
@@ -65,8 +93,23 @@ class NpzSource(StrictModel):
     )
 
 
+class Hdf5Source(StrictModel):
+    """An HDF5 file (or glob) of datasets sharing their first dimension, read in chunks."""
+
+    type: Literal["hdf5"]
+    path: str
+    fields: dict[str, str] = Field(
+        default_factory=dict,
+        description="field name -> dataset path in the file (/images); empty means every "
+        "dataset, named by its path",
+    )
+    images: list[str] = Field(
+        default_factory=list, description="fields whose datasets are images (HxW or HxWxC)"
+    )
+
+
 Source = Annotated[
-    CsvSource | JsonlSource | TextSource | ImageFolderSource | NpzSource,
+    CsvSource | JsonlSource | TextSource | ImageFolderSource | NpzSource | Hdf5Source,
     Field(discriminator="type"),
 ]
 
@@ -74,12 +117,14 @@ Source = Annotated[
 class FieldSchema(StrictModel):
     """One field of a record, as declared in the spec or inferred from the sources."""
 
-    type: FieldType
-    dtype: Literal["float32", "int64"] = "float32"
+    type: FieldType = Field(description="what the values are; decides the encoding")
+    dtype: Literal["float32", "int64"] = Field(default="float32", description="numeric only")
     shape: list[int] = Field(default_factory=list, description="numeric only: [] or [n]")
-    height: int | None = Field(default=None, gt=0)
-    width: int | None = Field(default=None, gt=0)
-    channels: Literal[1, 3] | None = None
+    height: int | None = Field(default=None, gt=0, description="image only: pixels")
+    width: int | None = Field(default=None, gt=0, description="image only: pixels")
+    channels: Literal[1, 3] | None = Field(
+        default=None, description="image only: 1 grey, 3 RGB; images are converted to it"
+    )
 
     @model_validator(mode="after")
     def _check_kind_specific(self) -> FieldSchema:
@@ -93,54 +138,85 @@ class FieldSchema(StrictModel):
 
 
 class LengthBounds(StrictModel):
-    min: int = Field(default=0, ge=0)
-    max: int | None = Field(default=None, gt=0)
+    min: int = Field(default=0, ge=0, description="a shorter value drops the record")
+    max: int | None = Field(default=None, gt=0, description="a longer value drops the record")
 
 
 class PiiSpec(StrictModel):
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="mask personal data in text fields")
     fields: list[str] | None = Field(default=None, description="default: every text field")
-    kinds: list[PiiKind] = Field(default_factory=lambda: list(PII_KINDS))
+    kinds: list[PiiKind] = Field(
+        default_factory=lambda: list(PII_KINDS), description="what is masked"
+    )
+    phone_regions: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_PHONE_REGIONS),
+        description="ISO 3166 regions whose national phone formats are recognised",
+    )
+
+    @field_validator("phone_regions")
+    @classmethod
+    def _known_regions(cls, regions: list[str]) -> list[str]:
+        import phonenumbers
+
+        unknown = [region for region in regions if region not in phonenumbers.SUPPORTED_REGIONS]
+        if unknown:
+            raise ValueError(
+                f"unknown phone region(s) {', '.join(map(repr, unknown))}; use upper-case "
+                "ISO 3166 codes such as 'US', 'GB', 'FR'"
+            )
+        return regions
 
 
 class CleanSpec(StrictModel):
-    required: list[str] = Field(default_factory=list)
-    unicode_normalization: Literal["NFKC", "NFC", "none"] = "NFKC"
-    collapse_whitespace: bool = True
+    required: list[str] = Field(
+        default_factory=list,
+        description="fields a record must have, besides labels and images; else it is dropped",
+    )
+    unicode_normalization: Literal["NFKC", "NFC", "none"] = Field(
+        default="NFKC", description="Unicode form of text and categorical values"
+    )
+    collapse_whitespace: bool = Field(
+        default=True, description="runs of whitespace become one space; ends are stripped"
+    )
     length: dict[str, LengthBounds] = Field(
         default_factory=dict, description="text field -> bounds in characters"
     )
-    pii: PiiSpec = Field(default_factory=PiiSpec)
+    pii: PiiSpec = Field(default_factory=PiiSpec, description="personal data masking")
 
 
 class ExactDedupSpec(StrictModel):
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="keep one record per identical content")
     fields: list[str] | None = Field(
         default=None, description="fields hashed together; default every field"
     )
 
 
 class NearDedupSpec(StrictModel):
-    field: str
+    field: str = Field(description="the text field compared")
     threshold: float = Field(default=0.8, gt=0.0, le=1.0, description="Jaccard similarity")
-    num_perm: int = Field(default=128, ge=16, le=1024)
-    shingle: Literal["word", "char"] = "word"
-    ngram: int = Field(default=3, ge=1, le=32)
+    num_perm: int = Field(
+        default=128, ge=16, le=1024, description="MinHash permutations: more is more exact"
+    )
+    shingle: Literal["word", "char"] = Field(default="word", description="n-grams of what")
+    ngram: int = Field(default=3, ge=1, le=32, description="shingle length")
 
 
 class DedupSpec(StrictModel):
-    exact: ExactDedupSpec = Field(default_factory=ExactDedupSpec)
-    near: NearDedupSpec | None = None
+    exact: ExactDedupSpec = Field(default_factory=ExactDedupSpec, description="identical records")
+    near: NearDedupSpec | None = Field(
+        default=None, description="near-duplicate texts (MinHash + LSH); off when absent"
+    )
 
 
 class SplitSpec(StrictModel):
     ratios: dict[str, float] = Field(
-        default_factory=lambda: {"train": 0.8, "validation": 0.1, "test": 0.1}
+        default_factory=lambda: {"train": 0.8, "validation": 0.1, "test": 0.1},
+        description="split name -> share of the records; the shares sum to 1",
     )
     key: str | None = Field(
         default=None, description="field whose hash picks the split; default the record content"
     )
-    seed: str = "slipway"
+    seed: str = Field(default="slipway", description="another seed makes another split")
 
     @field_validator("ratios")
     @classmethod
@@ -156,14 +232,18 @@ class SplitSpec(StrictModel):
 
 class VocabSpec(StrictModel):
     fields: list[str] | None = Field(default=None, description="default: every text field")
-    size: int = Field(default=8000, ge=16)
-    min_frequency: int = Field(default=2, ge=1)
-    lowercase: bool = True
+    size: int = Field(default=8000, ge=16, description="subword tokens per vocabulary")
+    min_frequency: int = Field(
+        default=2, ge=1, description="rarer words are left out of the vocabulary's training"
+    )
+    lowercase: bool = Field(default=True, description="tokenize lower-cased text")
 
 
 class OutputSpec(StrictModel):
-    num_shards: int | dict[str, int] = 1
-    compression: Literal["none", "gzip"] = "none"
+    num_shards: int | dict[str, int] = Field(
+        default=1, description="TFRecord files per split, or split -> files (1 if unlisted)"
+    )
+    compression: Literal["none", "gzip"] = Field(default="none", description="of the shards")
 
     def shards_for(self, split: str) -> int:
         if isinstance(self.num_shards, int):
@@ -179,19 +259,45 @@ class OutputSpec(StrictModel):
         return value
 
 
+class QualitySpec(StrictModel):
+    """When a finished build is refused instead of published (research.data.quality)."""
+
+    max_quarantine_fraction: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="largest share of the input records that may be quarantined or dropped "
+        "by a clean rule; duplicates merged by dedup are not a loss",
+    )
+
+
 class DatasetSpec(StrictModel):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    sources: list[Source] = Field(min_length=1)
-    schema_: dict[str, FieldSchema] = Field(default_factory=dict, alias="schema")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="default output: datasets/<name>"
+    )
+    sources: list[Source] = Field(min_length=1, description="where the records come from")
+    schema_: dict[str, FieldSchema] = Field(
+        default_factory=dict, alias="schema", description="field name -> declared field"
+    )
     infer_schema: bool = Field(
         default=True, description="infer the fields the schema does not declare"
     )
-    labels: list[str] = Field(default_factory=list)
-    clean: CleanSpec = Field(default_factory=CleanSpec)
-    dedup: DedupSpec = Field(default_factory=DedupSpec)
-    split: SplitSpec = Field(default_factory=SplitSpec)
-    vocab: VocabSpec = Field(default_factory=VocabSpec)
-    output: OutputSpec = Field(default_factory=OutputSpec)
+    exclude: list[str] = Field(
+        default_factory=list,
+        description="source columns that are not fields (never inferred nor written); "
+        "split.key may still name one",
+    )
+    labels: list[str] = Field(
+        default_factory=list, description="fields a model predicts; a record needs them all"
+    )
+    clean: CleanSpec = Field(default_factory=CleanSpec, description="cleaning rules")
+    dedup: DedupSpec = Field(default_factory=DedupSpec, description="de-duplication")
+    split: SplitSpec = Field(default_factory=SplitSpec, description="the deterministic split")
+    vocab: VocabSpec = Field(default_factory=VocabSpec, description="subword vocabularies")
+    output: OutputSpec = Field(default_factory=OutputSpec, description="the shards")
+    quality: QualitySpec = Field(
+        default_factory=QualitySpec, description="when a build is refused, not published"
+    )
     base_dir: str = Field(default=".", exclude=True, description="set from the spec's location")
 
     def resolve(self, path: str) -> Path:

@@ -2,9 +2,12 @@
 
 Two questions, answered separately because they fail differently:
 
-- **Is the dataset what its manifest says?** (``verify_dataset``) Every shard exists with
-  the recorded size, SHA-256 and record count, and every record is an Example a reader
-  can parse into exactly the declared features. Failures here are *problems*.
+- **Is the dataset what its manifest says?** (``verify_dataset``) Every split holds
+  records, every shard exists with the recorded size, SHA-256 and record count, and
+  every record is an Example a reader can parse into exactly the declared features.
+  The build's own files are there and agree with it: ``report.json`` counts the records
+  the shards hold, and one line of ``quarantine.jsonl`` or ``dropped.jsonl`` for each
+  record it says was quarantined, dropped or merged. Failures here are *problems*.
 - **Does it look like the data the model was built on?** (``compare_statistics``) The
   manifest statistics of one split are compared with a reference dataset's, the way
   TensorFlow Data Validation compares spans: numeric means in reference standard
@@ -18,6 +21,7 @@ statistics block is a finding in the report, so the CLI can always print a table
 from __future__ import annotations
 
 import io
+import json
 import math
 import re
 from collections import Counter
@@ -34,6 +38,8 @@ from rich.text import Text
 from contracts.dataset_manifest import DatasetError, Manifest, ShardInfo, load_manifest
 from contracts.digests import file_sha256
 from contracts.features import FeatureSpec, parsing_spec, token_ids_key
+from research.data.rejects import DROPPED_FILE, QUARANTINE_FILE, read_entries
+from research.data.report import REPORT_FILE
 
 READ_BATCH = 512
 LISTED_RECORDS = 5  # record indices named per finding before "and N more"
@@ -130,7 +136,7 @@ def _verify(root: Path) -> tuple[Manifest | None, list[Problem]]:
         manifest = load_manifest(root)
     except DatasetError as exc:
         return None, [Problem("error", "manifest", str(exc))]
-    problems = list(_check_manifest(root, manifest))
+    problems = [*_check_manifest(root, manifest), *_check_build_logs(root, manifest)]
     if any(problem.check in _BLOCKING_CHECKS for problem in problems):
         return manifest, problems  # records cannot be judged against a broken feature spec
     checker = _ExampleChecker(manifest.features)
@@ -170,7 +176,11 @@ def _check_manifest(root: Path, manifest: Manifest) -> Iterator[Problem]:
     for path, times in sorted(paths.items()):
         if times > 1:
             yield Problem("error", "shard.path", f"{where}: shard {path} is listed {times} times")
+    if not manifest.splits:
+        yield Problem("error", "split.empty", f"{where}: no splits are listed")
     for split in manifest.splits.values():
+        if split.num_records == 0:
+            yield Problem("error", "split.empty", f"{where}: split {split.name!r} holds no records")
         stats = manifest.statistics.get(split.name)
         if not isinstance(stats, dict):
             yield Problem(
@@ -185,6 +195,50 @@ def _check_manifest(root: Path, manifest: Manifest) -> Iterator[Problem]:
                 f"{where}: split {split.name!r}: statistics count {stats.get('num_records')} "
                 f"records but the shards hold {split.num_records}",
             )
+
+
+def _check_build_logs(root: Path, manifest: Manifest) -> Iterator[Problem]:
+    """The build's report and logs: present, readable, and counting what the shards hold."""
+    report_path = root / REPORT_FILE
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        report = None
+        yield Problem("error", "report", f"{report_path}: missing")
+    except (OSError, ValueError) as exc:
+        report = None
+        yield Problem("error", "report", f"{report_path}: unreadable: {exc}")
+    logs = {}
+    for name in (QUARANTINE_FILE, DROPPED_FILE):
+        try:
+            logs[name] = read_entries(root / name)
+        except DatasetError as exc:
+            yield Problem("error", "rejects", str(exc))
+    if report is None:
+        return
+    try:
+        expected = {
+            QUARANTINE_FILE: int(report["records_quarantined"]),
+            DROPPED_FILE: int(report["records_dropped"]) + int(report["records_merged"]),
+        }
+        written = {split: int(count) for split, count in report["records_written"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        yield Problem("error", "report", f"{report_path}: not a data report ({exc!r})")
+        return
+    for name, entries in logs.items():
+        if len(entries) != expected[name]:
+            yield Problem(
+                "error",
+                "rejects",
+                f"{root / name}: {len(entries)} lines, {REPORT_FILE} counts {expected[name]}",
+            )
+    held = {name: split.num_records for name, split in manifest.splits.items()}
+    if written != held:
+        yield Problem(
+            "error",
+            "report",
+            f"{report_path}: records_written {written} disagrees with the manifest's {held}",
+        )
 
 
 def _feature_spec_issue(spec: FeatureSpec) -> str | None:

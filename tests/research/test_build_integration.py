@@ -256,6 +256,37 @@ def test_no_personal_data_reaches_the_shards(corpus: Corpus) -> None:
         assert lookalike in joined
 
 
+def dropped_entries(result: BuildResult) -> list[dict[str, Any]]:
+    lines = (result.output_dir / "dropped.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_every_merged_duplicate_is_logged_with_the_record_kept(corpus: Corpus) -> None:
+    origin = {record["id"]: f"corpus.jsonl:{line}" for line, record in enumerate(corpus.records, 1)}
+    entries = dropped_entries(corpus.result)
+    assert len(entries) == corpus.result.report["records_merged"]
+    by_origin = {entry["origin"]: entry for entry in entries}
+    for copy, original in corpus.truth.exact_duplicates.items():
+        entry = by_origin[origin[copy]]
+        assert (entry["rule"], entry["kept"], entry["similarity"]) == (
+            "dedup.exact.merged",
+            origin[original],
+            1.0,
+        )
+    truth = corpus.truth.near_duplicates
+    near = {
+        copy: by_origin[origin[copy]]
+        for copy in truth
+        if by_origin.get(origin[copy], {}).get("rule") == "dedup.near.merged"
+    }
+    assert len(near) >= 0.85 * len(truth)
+    kept_original = sum(entry["kept"] == origin[truth[copy]] for copy, entry in near.items())
+    assert kept_original >= 0.9 * len(near)
+    assert all(0.8 <= entry["similarity"] <= 1.0 for entry in near.values())
+    lines = [int(entry["origin"].rsplit(":", 1)[1]) for entry in entries]
+    assert lines == sorted(lines)
+
+
 def test_token_ids_come_from_the_vocabulary_the_manifest_names(corpus: Corpus) -> None:
     manifest = corpus.result.manifest
     text = manifest.features["text"]
@@ -403,17 +434,12 @@ def test_rebuilding_with_quarantined_rows_gives_the_same_dataset(
     _, first = broken_csv
     first_files = tree_digest(first.output_dir)
     again_files = tree_digest(broken_csv_again.output_dir)
-    for volatile in ("manifest.json", "quarantine.jsonl"):
-        first_files.pop(volatile)
-        again_files.pop(volatile)
-    assert again_files == first_files
+    first_files.pop("manifest.json")  # it records when it was made
+    again_files.pop("manifest.json")
+    assert again_files == first_files  # the logs included
+    assert {"quarantine.jsonl", "dropped.jsonl"} <= set(first_files)
     assert broken_csv_again.manifest.spec_hash == first.manifest.spec_hash
     assert shard_hashes(broken_csv_again.output_dir) == shard_hashes(first.output_dir)
-
-    def lines(result: BuildResult) -> list[str]:
-        return (result.output_dir / "quarantine.jsonl").read_text(encoding="utf-8").splitlines()
-
-    assert sorted(lines(broken_csv_again)) == sorted(lines(first))
 
 
 def test_quarantine_lines_come_in_input_order_on_every_runner_setup(
@@ -528,3 +554,53 @@ def test_cleaned_text_is_what_the_shards_hold(every_type: EveryType) -> None:
         text = text_of(by_serial[1000 + 3 * index], "text")
         assert text == clean
         assert text == unicodedata.normalize("NFKC", text)
+
+
+# --------------------------------------------------------------------------- accounting
+
+
+@pytest.mark.parametrize("build", ["digits", "corpus", "broken_csv", "every_type"])
+def test_the_logs_hold_a_line_for_every_record_the_report_counts(
+    build: str, request: pytest.FixtureRequest
+) -> None:
+    built = request.getfixturevalue(build)
+    result: BuildResult = {
+        "digits": lambda: built.npz,
+        "corpus": lambda: built.result,
+        "broken_csv": lambda: built[1],
+        "every_type": lambda: built.result,
+    }[build]()
+    report = result.report
+    quarantine = (result.output_dir / "quarantine.jsonl").read_text(encoding="utf-8")
+    assert len(quarantine.splitlines()) == report["records_quarantined"]
+    assert len(dropped_entries(result)) == report["records_dropped"] + report["records_merged"]
+    assert report["inputs"] == (
+        report["records_quarantined"]
+        + report["records_dropped"]
+        + report["records_merged"]
+        + written(result)
+    )
+    assert report["quality"]["passed"]
+    assert validate_dataset(result.output_dir).ok
+
+
+def test_the_breast_cancer_example_reads_the_csv_as_scikit_learn_ships_it(tmp_path: Path) -> None:
+    from sklearn.datasets import load_breast_cancer
+
+    data = load_breast_cancer()
+    csv = Path(__import__("sklearn").__file__).parent / "datasets" / "data" / "breast_cancer.csv"
+    (tmp_path / "breast_cancer.csv").write_bytes(csv.read_bytes())
+    spec = copy_example_spec("breast_cancer.yaml", tmp_path)
+    assert slipway("data", "build", spec, "-o", tmp_path / "out") == 0
+    manifest = load_manifest(tmp_path / "out")
+    assert sum(split.num_records for split in manifest.splits.values()) == len(data.target) == 569
+    assert manifest.labels == ["target"]
+    assert manifest.features["target"].vocabulary == ("0", "1")
+    measurements = [name for name, feature in manifest.features.items() if not feature.is_label]
+    assert measurements == [name.replace(" ", "_") for name in data.feature_names]
+    by_measurements = {
+        (round(e["mean_radius"][0], 2), round(e["mean_texture"][0], 2)): e
+        for e in all_examples(tmp_path / "out")
+    }
+    first = by_measurements[(17.99, 10.38)]  # the CSV's first data row
+    assert first["worst_area"][0] == pytest.approx(data.data[0][23])

@@ -10,7 +10,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from contracts.yaml_config import ConfigError
 from research.data.clean import CleanRecords, clean_record, compile_rules
-from research.data.records import METRICS_NAMESPACE
+from research.data.records import DROPPED_TAG, METRICS_NAMESPACE
 from research.data.spec import CleanSpec, FieldSchema
 
 RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
@@ -165,9 +165,27 @@ def test_pipeline_cleans_drops_and_counts_each_rule() -> None:
     ]
     spec = CleanSpec.model_validate({"length": {"text": {"min": 3, "max": 60}}})
     pipeline = TestPipeline(runner=RUNNER)
-    cleaned = pipeline | beam.Create(inputs) | CleanRecords(spec, SCHEMA, ["text"])
+    outputs = pipeline | beam.Create(inputs) | CleanRecords(spec, SCHEMA, ["text"])
     assert_that(
-        cleaned | beam.Map(lambda r: (r["_rank"], r["text"], r["title"])),
+        outputs[DROPPED_TAG] | beam.Map(lambda entry: (entry["rule"], entry["reason"])),
+        equal_to(
+            [
+                ("clean.dropped.required.text", "required field 'text' has no value"),
+                ("clean.dropped.required.text", "required field 'text' has no value"),
+                (
+                    "clean.dropped.too_short.text",
+                    "field 'text' has 2 characters, clean.length.text.min is 3",
+                ),
+                (
+                    "clean.dropped.too_long.text",
+                    "field 'text' has 61 characters, clean.length.text.max is 60",
+                ),
+            ]
+        ),
+        label="Dropped",
+    )
+    assert_that(
+        outputs.records | beam.Map(lambda r: (r["_rank"], r["text"], r["title"])),
         equal_to(
             [
                 ("1", "keep me", "a title"),
@@ -193,3 +211,25 @@ def test_pipeline_cleans_drops_and_counts_each_rule() -> None:
 def test_misconfigured_rules_fail_before_the_pipeline_runs() -> None:
     with pytest.raises(ConfigError):
         CleanRecords(CleanSpec(), SCHEMA, ["nope"])
+
+
+def test_a_dropped_record_is_logged_with_its_personal_data_masked() -> None:
+    spec = CleanSpec.model_validate({"length": {"text": {"max": 30}}})
+    inputs = [
+        record(text="write to jane@example.com about the long overdue invoice", _origin="a:3")
+    ]
+    pipeline = TestPipeline(runner=RUNNER)
+    outputs = pipeline | beam.Create(inputs) | CleanRecords(spec, SCHEMA, [])
+    assert_that(
+        outputs[DROPPED_TAG] | beam.Map(lambda entry: (entry["origin"], entry["raw"])),
+        equal_to(
+            [
+                (
+                    "a:3",
+                    "{'text': 'write to [EMAIL] about the long overdue invoice', "
+                    "'title': 'a title', 'topic': 'news', 'score': 1.0}",
+                )
+            ]
+        ),
+    )
+    pipeline.run().wait_until_finish()

@@ -73,6 +73,7 @@ def test_build_writes_a_complete_dataset_at_the_default_location(table: Path) ->
     manifest = load_manifest(table)
     assert sum(split.num_records for split in manifest.splits.values()) == TABLE_ROWS
     assert sorted(path.name for path in table.iterdir()) == [
+        "dropped.jsonl",
         "manifest.json",
         "quarantine.jsonl",
         "report.json",
@@ -141,10 +142,10 @@ def fail_on_validation_shard(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make shard writing fail part-way: other splits' shards are written first or after."""
     write_shard = shards.write_shard
 
-    def failing(directory: Any, name: str, examples: Any, compression: str) -> Any:
+    def failing(directory: Any, name: str, *args: Any, **kwargs: Any) -> Any:
         if name.startswith("validation-"):
             raise OSError(28, "No space left on device")
-        return write_shard(directory, name, examples, compression)
+        return write_shard(directory, name, *args, **kwargs)
 
     monkeypatch.setattr(shards, "write_shard", failing)
 

@@ -27,7 +27,8 @@ from research.data.dedup import (
     shingle_hashes,
     text_signatures,
 )
-from research.data.records import METRICS_NAMESPACE, make_rank
+from research.data.records import DROPPED_TAG, METRICS_NAMESPACE, make_rank
+from research.data.rejects import read_entries, write_entries
 from research.data.spec import NearDedupSpec
 from research.data.synthetic import GroundTruth, generate_corpus
 
@@ -159,8 +160,9 @@ def test_too_many_bands_are_refused() -> None:
 
 def test_near_duplicate_rows_compare_with_earlier_rows_only() -> None:
     rows = np.array([[1, 2, 3, 4], [9, 9, 9, 9], [1, 2, 3, 5], [9, 9, 9, 8], [1, 2, 3, 4]])
-    assert near_duplicate_rows(rows, needed=3) == [2, 3, 4]
-    assert near_duplicate_rows(rows, needed=4) == [4]
+    # (row, the first earlier row it agrees with, positions agreeing)
+    assert near_duplicate_rows(rows, needed=3) == [(2, 0, 3), (3, 1, 3), (4, 0, 4)]
+    assert near_duplicate_rows(rows, needed=4) == [(4, 0, 4)]
 
 
 # --------------------------------------------------------------------------- pipelines
@@ -177,24 +179,37 @@ def run(
     records: list[dict], transform: beam.PTransform, workdir: Path, check=None
 ) -> tuple[list[str], dict[str, int]]:
     """Run ``transform`` over shuffled ``records``: the kept ranks (sorted) and counters."""
+    kept, _, counters = run_with_drops(records, transform, workdir, check)
+    return kept, counters
+
+
+def run_with_drops(
+    records: list[dict], transform: beam.PTransform, workdir: Path, check=None
+) -> tuple[list[str], list[dict], dict[str, int]]:
+    """Like ``run``, plus the dropped.jsonl entries in input order."""
     shuffled = list(records)
     random.Random(len(records)).shuffle(shuffled)
-    output = str(workdir / "kept.json")
+    kept_file, dropped_file = workdir / "kept.json", workdir / "dropped.jsonl"
     pipeline = TestPipeline(runner=RUNNER)
-    kept = pipeline | beam.Create(shuffled) | transform
+    outputs = pipeline | beam.Create(shuffled) | transform
     if check is not None:
-        assert_that(kept, check)
+        assert_that(outputs.records, check)
     (
-        kept
+        outputs.records
         | beam.Map(lambda record: record["_rank"])
         | beam.combiners.ToList()
-        | beam.Map(lambda ranks: Path(output).write_text(json.dumps(sorted(ranks))))
+        | beam.Map(lambda ranks: kept_file.write_text(json.dumps(sorted(ranks))))
+    )
+    (
+        outputs[DROPPED_TAG]
+        | "Dropped" >> beam.combiners.ToList()
+        | "WriteDropped" >> beam.Map(write_entries, str(dropped_file))
     )
     result = pipeline.run()
     result.wait_until_finish()
     query = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))
     counters = {counter.key.metric.name: counter.committed for counter in query["counters"]}
-    return json.loads(Path(output).read_text()), counters
+    return json.loads(kept_file.read_text()), read_entries(dropped_file), counters
 
 
 def test_exact_keeps_the_smallest_rank_of_each_group(tmp_path: Path) -> None:
@@ -307,3 +322,62 @@ def test_near_results_are_the_same_on_every_run(corpus, tmp_path: Path) -> None:
     second, _ = run(list(reversed(sample)), DeduplicateNear(spec), tmp_path)
     assert first == second
     assert len(first) < len(sample)
+
+
+# --------------------------------------------------------------------------- dropped.jsonl
+
+
+def test_exact_drops_name_the_record_kept_in_input_order(tmp_path: Path) -> None:
+    records = ranked(
+        [{"text": "b"}, {"text": "a"}, {"text": "b"}, {"text": "c"}, {"text": "a"}, {"text": "b"}]
+    )
+    _, dropped, counters = run_with_drops(records, DeduplicateExact(), tmp_path)
+    assert [(e["origin"], e["kept"], e["similarity"]) for e in dropped] == [
+        ("data.jsonl:2", "data.jsonl:0", 1.0),
+        ("data.jsonl:4", "data.jsonl:1", 1.0),
+        ("data.jsonl:5", "data.jsonl:0", 1.0),
+    ]
+    assert {e["rule"] for e in dropped} == {"dedup.exact.merged"}
+    assert {e["stage"] for e in dropped} == {"dedup"}
+    assert dropped[0]["reason"] == "exact duplicate of data.jsonl:0 (similarity 1.00)"
+    assert dropped[0]["raw"] == "{'text': 'b'}"
+    assert counters == {"dedup.exact.merged": len(dropped)}
+
+
+def words_text(words: list[int]) -> str:
+    return " ".join(f"word{index}" for index in words)
+
+
+def test_a_chain_of_near_duplicates_names_the_record_that_survived(tmp_path: Path) -> None:
+    # b shares 30 of 46 word trigrams with a (Jaccard 0.65), c as many with b, but only
+    # 22 of 54 with a (0.41): c is a near duplicate of b, which repeats a.
+    a = list(range(40))
+    b = [*range(32), *range(100, 108)]
+    c = [*range(200, 208), *range(8, 32), *range(100, 108)]
+    records = ranked([{"text": words_text(words)} for words in (a, b, c)])
+    spec = NearDedupSpec(field="text", threshold=0.55, num_perm=512)
+    kept, dropped, _ = run_with_drops(records, DeduplicateNear(spec), tmp_path)
+    assert kept == [records[0]["_rank"]]
+    assert [(e["origin"], e["kept"]) for e in dropped] == [
+        ("data.jsonl:1", "data.jsonl:0"),
+        ("data.jsonl:2", "data.jsonl:0"),
+    ]
+    assert dropped[1]["reason"].startswith("near duplicate of data.jsonl:1 (similarity 0.6")
+    assert dropped[1]["reason"].endswith("itself a duplicate of data.jsonl:0, which was kept")
+    assert all(0.55 <= e["similarity"] < 0.8 for e in dropped)
+
+
+def test_dropped_entries_are_the_same_on_every_run(corpus, tmp_path: Path) -> None:
+    records, _ = corpus
+    sample = records[:600]
+    spec = NearDedupSpec(field="text", threshold=0.8)
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    _, first, _ = run_with_drops(sample, DeduplicateNear(spec), tmp_path / "first")
+    _, second, _ = run_with_drops(
+        list(reversed(sample)), DeduplicateNear(spec), tmp_path / "second"
+    )
+    assert first == second
+    assert len(first) > 10
+    origins = [entry["origin"] for entry in first]
+    assert origins == sorted(origins, key=lambda origin: int(origin.rsplit(":", 1)[1]))

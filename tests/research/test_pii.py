@@ -54,6 +54,96 @@ def test_phone_numbers_are_masked(phone: str) -> None:
     assert counts["phone"] == 1
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Ring 020 7946 0958 after six.", "Ring [PHONE] after six."),  # London, national
+        ("Appelez le 06 12 34 56 78 demain.", "Appelez le [PHONE] demain."),  # French mobile
+        ("Tel. 01 23 45 67 89, bureau", "Tel. [PHONE], bureau"),  # French landline
+        ("Berlin: +49 30 901820.", "Berlin: [PHONE]."),
+        ("Berlin: 030 901820.", "Berlin: [PHONE]."),  # German, national
+        ("Handy 0151 23456789", "Handy [PHONE]"),
+        ("from abroad 0044 20 7946 0958", "from abroad [PHONE]"),  # "00" international prefix
+        ("+33 6 12 34 56 78 or +33612345678", "[PHONE] or [PHONE]"),
+        ("+44 (0)20 7946 0958", "[PHONE]"),
+        ("Manchester 0161 496 0000", "Manchester [PHONE]"),
+        ("area code nobody has yet: 237-555-0134", "area code nobody has yet: [PHONE]"),
+        ("+1-237-555-0134 too", "[PHONE] too"),
+    ],
+)
+def test_international_and_national_numbers_are_masked(text: str, expected: str) -> None:
+    masked, counts = mask_pii(text)
+    assert masked == expected
+    assert counts["phone"] == expected.count("[PHONE]")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "on 2024-05-01 at 10:45:30",
+        "on 12/05/2023, 05.12.2023 and 2024/05/01",
+        "timestamp 2003-02-01T10:11:12",
+        "date 31.12.1999 and 01.02.2024",
+        "ISBN 978-3-16-148410-0 and ISBN 0-306-40615-2",
+        "ISBN-13: 9780306406157",
+        "isbn 0-8044-2957-X",
+        "978-0-306-40615-7 printed",
+        "a plain number 12345678, and 20240501",
+        "zip 75008 Paris, ticket 48213, page 1024",
+        "in 1998 and 2024",
+        "call 4155550134 is an id here",  # unbroken national digits: an id as often as not
+    ],
+)
+def test_numbers_that_are_not_phone_numbers_are_kept(text: str) -> None:
+    masked, counts = mask_pii(text)
+    assert masked == text
+    assert sum(counts.values()) == 0
+
+
+def test_national_formats_follow_the_regions_asked_for() -> None:
+    text = "UK 020 7946 0958, FR 06 12 34 56 78, US (415) 555-0134, DE +49 30 901820"
+    assert mask_pii(text, ["phone"], ["FR"])[0] == (
+        "UK 020 7946 0958, FR [PHONE], US (415) 555-0134, DE [PHONE]"
+    )
+    # Numbers written with "+" and a country code need no region.
+    assert mask_pii(text, ["phone"], [])[0] == (
+        "UK 020 7946 0958, FR 06 12 34 56 78, US (415) 555-0134, DE [PHONE]"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("version 1.2.3.4 is out", "version 1.2.3.4 is out"),
+        ("Version: 10.0.0.1", "Version: 10.0.0.1"),
+        ("upgrade to v 1.2.3.4", "upgrade to v 1.2.3.4"),
+        ("see build 1.2.3.4 and release 4.3.2.1", "see build 1.2.3.4 and release 4.3.2.1"),
+        ("from 192.168.0.1 again", "from [IPV4] again"),
+        ("version 2 runs on 10.0.0.1", "version 2 runs on [IPV4]"),
+        ("server 1.2.3.4 said version", "server [IPV4] said version"),
+        ("1.2.3.4", "[IPV4]"),
+    ],
+)
+def test_a_dotted_quad_named_a_version_is_not_an_address(text: str, expected: str) -> None:
+    assert mask_pii(text)[0] == expected
+
+
+def test_a_card_number_named_an_isbn_is_kept() -> None:
+    isbn = luhn_complete("978030640615")  # an ISBN-13 that passes the card checksum too
+    assert mask_pii(f"card {isbn} declined")[0] == "card [CARD] declined"
+    assert mask_pii(f"ISBN {isbn} in stock")[0] == f"ISBN {isbn} in stock"
+
+
+def test_unknown_phone_regions_are_refused_in_the_spec() -> None:
+    from pydantic import ValidationError
+
+    from research.data.spec import PiiSpec
+
+    assert PiiSpec(phone_regions=["GB", "IN"]).phone_regions == ["GB", "IN"]
+    with pytest.raises(ValidationError, match="unknown phone region.*'UK'"):
+        PiiSpec(phone_regions=["UK"])
+
+
 @pytest.mark.parametrize("card", VALID_CARDS)
 def test_luhn_valid_cards_are_masked_as_cards_not_phones(card: str) -> None:
     masked, counts = mask_pii(f"card {card} declined")

@@ -17,6 +17,9 @@ from tensorflow.core.example import example_pb2
 from contracts.dataset_manifest import Manifest, ShardInfo, SplitInfo, load_manifest, write_manifest
 from contracts.digests import file_sha256
 from contracts.features import FeatureSpec, encode_example, token_ids_key
+from research.data.rejects import DROPPED_FILE, QUARANTINE_FILE, write_entries
+from research.data.report import REPORT_FILE, build_report
+from research.data.spec import QualitySpec
 from research.data.stats import StatisticsCombineFn
 from research.data.validate import (
     Drift,
@@ -87,7 +90,8 @@ def write_dataset(
     features: dict[str, FeatureSpec] = FEATURES,
     compression: str = "none",
 ) -> Manifest:
-    """Write shards (split -> shards -> records), statistics and a manifest like a build does."""
+    """Write shards (split -> shards -> records), statistics, a manifest, a report and empty
+    quarantine and dropped logs, like a build that kept every record does."""
     root.mkdir(parents=True, exist_ok=True)
     options = tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
     split_infos, statistics = {}, {}
@@ -124,6 +128,10 @@ def write_dataset(
         statistics=statistics,
     )
     write_manifest(root, manifest)
+    written = {name: split.num_records for name, split in split_infos.items()}
+    (root / REPORT_FILE).write_text(json.dumps(build_report({}, written, QualitySpec())))
+    for log in (QUARANTINE_FILE, DROPPED_FILE):
+        write_entries([], str(root / log))
     return manifest
 
 
@@ -333,6 +341,75 @@ def test_manifest_level_inconsistencies(tmp_path):
     assert (
         "statistics count 1 records but the shards hold 80" in only(problems, "statistics").message
     )
+
+
+def test_an_empty_split_fails_validation(tmp_path):
+    records = make_records(30, seed=7)
+    write_dataset(tmp_path / "ds", {"train": [records[:20], records[20:]], "test": [[]]})
+    report = validate_dataset(tmp_path / "ds")
+    assert not report.ok
+    assert "split 'test' holds no records" in only(report.problems, "split.empty").message
+    assert "FAILED" in rendered(report)
+
+
+def test_a_dataset_with_no_records_at_all_fails_validation(tmp_path):
+    write_dataset(tmp_path / "ds", {"train": [[], []], "validation": [[]], "test": [[]]})
+    problems = verify_dataset(tmp_path / "ds")
+    empty = [problem.message for problem in problems if problem.check == "split.empty"]
+    assert len(empty) == 3
+    assert not validate_dataset(tmp_path / "ds").ok
+
+
+@pytest.mark.parametrize("name", [REPORT_FILE, QUARANTINE_FILE, DROPPED_FILE])
+def test_a_missing_build_file_fails_validation_naming_it(tmp_path, name):
+    clean_dataset(tmp_path / "ds")
+    (tmp_path / "ds" / name).unlink()
+    report = validate_dataset(tmp_path / "ds")
+    assert not report.ok
+    (problem,) = report.problems
+    assert problem.severity == "error"
+    assert problem.message == f"{tmp_path / 'ds' / name}: missing"
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        (REPORT_FILE, "{not json", "report.json: unreadable"),
+        (REPORT_FILE, "[]", "report.json: not a data report"),
+        (QUARANTINE_FILE, '{"origin": "a.csv:2"}\n{oops\n', "quarantine.jsonl:2: not a JSON line"),
+        (DROPPED_FILE, "[1, 2]\n", "dropped.jsonl:1: expected an object with an 'origin'"),
+    ],
+)
+def test_an_unreadable_build_file_fails_validation(tmp_path, name, content, expected):
+    clean_dataset(tmp_path / "ds")
+    (tmp_path / "ds" / name).write_text(content, encoding="utf-8")
+    report = validate_dataset(tmp_path / "ds")
+    assert not report.ok
+    assert [expected in problem.message for problem in report.problems] == [True]
+
+
+def test_logs_must_hold_a_line_for_each_record_the_report_counts(tmp_path):
+    clean_dataset(tmp_path / "ds")
+    path = tmp_path / "ds" / REPORT_FILE
+    report = json.loads(path.read_text())
+    report["records_quarantined"] = 2
+    report["records_merged"] = 1
+    path.write_text(json.dumps(report))
+    messages = sorted(problem.message for problem in verify_dataset(tmp_path / "ds"))
+    assert messages == [
+        f"{tmp_path / 'ds' / DROPPED_FILE}: 0 lines, report.json counts 1",
+        f"{tmp_path / 'ds' / QUARANTINE_FILE}: 0 lines, report.json counts 2",
+    ]
+
+
+def test_a_report_disagreeing_with_the_manifest_fails_validation(tmp_path):
+    clean_dataset(tmp_path / "ds")
+    path = tmp_path / "ds" / REPORT_FILE
+    report = json.loads(path.read_text())
+    report["records_written"]["train"] = 81
+    path.write_text(json.dumps(report))
+    problem = only(verify_dataset(tmp_path / "ds"), "report")
+    assert "records_written {'train': 81, 'test': 10} disagrees" in problem.message
 
 
 def test_unknown_feature_type_stops_before_reading_shards(tmp_path):

@@ -1,0 +1,152 @@
+"""What a finished build must pass before it is published.
+
+A pipeline that ran to the end can still have produced something nobody should train
+on: a header mistake quarantines every row, a misspelt label drops every record, an
+empty file yields nothing, and a runner whose workers wrote somewhere else leaves no
+output at all. Such a build is refused — ``BuildRejectedError`` — and the pipeline
+discards its staging directory, so the destination, and a dataset already there, stay
+as they were. The checks:
+
+- **complete**: every file the workers write into the staging directory is there
+  (side files are never replaced by defaults, which would publish empty shards);
+- **no empty split**: every split of ``split.ratios`` holds at least one record;
+- **bounded loss**: the share of the input records that were quarantined (unreadable,
+  or not fitting the schema) or dropped by a clean rule is at most
+  ``quality.max_quarantine_fraction``. Duplicates merged by de-duplication are not a
+  loss: what they held is still in the dataset.
+
+The numbers behind the verdict go into the report's ``quality`` section, and a refusal
+names each rule that took records with a few of the records it took, from
+``quarantine.jsonl`` and ``dropped.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from contracts.dataset_manifest import DatasetError
+from research.data.rejects import DROPPED_FILE, QUARANTINE_FILE, read_entries
+from research.data.spec import QualitySpec
+
+EXAMPLES_PER_RULE = 3
+EXAMPLE_CHARS = 160  # of an example's raw record, in a refusal message
+LOSS_ACTIONS = ("quarantined", "dropped")
+
+
+class BuildRejectedError(DatasetError):
+    """A build ran to the end but its result was refused; nothing was published.
+
+    ``report`` is the build's data report when the pipeline got far enough to count.
+    """
+
+    def __init__(self, message: str, report: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+def read_side_file(path: Path) -> Any:
+    """JSON a pipeline worker wrote; a refusal naming the file when it is not there."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BuildRejectedError(_missing(path)) from None
+    except (OSError, ValueError) as exc:
+        raise BuildRejectedError(f"{path}: unreadable output of a pipeline worker: {exc}") from None
+
+
+def require_side_file(path: Path) -> Path:
+    if not path.is_file():
+        raise BuildRejectedError(_missing(path))
+    return path
+
+
+def _missing(path: Path) -> str:
+    return (
+        f"{path}: missing after the pipeline finished. Its workers wrote their output "
+        "somewhere else or lost it; a distributed runner needs the dataset's directory on "
+        "storage every worker can reach."
+    )
+
+
+def assess(report: Mapping[str, Any], quality: QualitySpec) -> dict[str, Any]:
+    """The report's ``quality`` section: the numbers the checks use and their verdict."""
+    lost = report["records_quarantined"] + report["records_dropped"]
+    inputs = report["inputs"]
+    fraction = lost / inputs if inputs else 0.0
+    empty = [split for split, count in report["records_written"].items() if count == 0]
+    return {
+        "inputs": inputs,
+        "lost": lost,
+        "lost_fraction": fraction,
+        "max_quarantine_fraction": quality.max_quarantine_fraction,
+        "empty_splits": empty,
+        "passed": not empty and fraction <= quality.max_quarantine_fraction,
+    }
+
+
+def check_build(report: Mapping[str, Any], staging: Path, destination: Path) -> None:
+    """Refuse the build in ``staging`` unless its report's quality section passed.
+
+    The logs must exist either way (they are part of a complete build); a refusal quotes
+    them.
+    """
+    logs = [require_side_file(staging / name) for name in (QUARANTINE_FILE, DROPPED_FILE)]
+    verdict = report["quality"]
+    if verdict["passed"]:
+        return
+    lines = [f"{destination}: the build was refused and nothing was written there."]
+    if verdict["empty_splits"]:
+        lines.append(f"- no records in split(s) {', '.join(map(repr, verdict['empty_splits']))}")
+    if verdict["lost_fraction"] > verdict["max_quarantine_fraction"]:
+        lines.append(
+            f"- {verdict['lost']:,} of {verdict['inputs']:,} input records "
+            f"({verdict['lost_fraction']:.1%}) were quarantined or dropped, more than "
+            f"quality.max_quarantine_fraction = {verdict['max_quarantine_fraction']:g} allows"
+        )
+    losses = _losses(report["rules"], [entry for log in logs for entry in _entries(log)])
+    if losses:
+        lines.extend(["Records lost, by rule, with examples:", *losses])
+    raise BuildRejectedError("\n".join(lines), report)
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    try:
+        return read_entries(path)
+    except DatasetError as exc:
+        raise BuildRejectedError(str(exc)) from None
+
+
+def _losses(rules: Iterable[Mapping[str, Any]], entries: list[dict[str, Any]]) -> list[str]:
+    """Each rule that took records, most first, with a few of the records it took."""
+    losses = sorted(
+        (rule for rule in rules if rule["action"] in LOSS_ACTIONS),
+        key=lambda rule: (-rule["count"], rule["rule"]),
+    )
+    lines = []
+    for rule in losses:
+        lines.append(f"- {rule['rule']}: {rule['count']:,} records {rule['action']}, e.g.")
+        for entry in _examples(rule["rule"], entries):
+            raw = str(entry.get("raw", ""))
+            if len(raw) > EXAMPLE_CHARS:
+                raw = raw[:EXAMPLE_CHARS] + "…"
+            lines.append(f"    {entry['origin']}: {entry['reason']}: {raw}")
+    return lines
+
+
+def _examples(rule: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Entries a rule took: dropped ones name their rule; quarantined ones their stage and,
+    for a schema rule (``conform.quarantined.<field>``), the field in their reason."""
+    stage, _, rest = rule.partition(".")
+    field = rest.removeprefix("quarantined.") if rest.startswith("quarantined.") else None
+
+    def taken(entry: dict[str, Any]) -> bool:
+        if "rule" in entry:
+            return entry["rule"] == rule
+        if entry.get("stage") != stage:
+            return False
+        return field is None or f"{field!r}" in str(entry.get("reason", ""))
+
+    return [entry for entry in entries if taken(entry)][:EXAMPLES_PER_RULE]
