@@ -2,26 +2,42 @@
 
 Each record goes to a shard chosen by a hash of its rank, and a shard's records are
 written in the order of another hash of their rank, so rebuilding the same spec over
-the same inputs yields byte-identical shards (and identical SHA-256 in the manifest)
-while the records of a shard are mixed across sources. Records cross the shuffle as
-compressed ``tf.train.Example`` bytes with an 8-byte sort key, which keeps what the
-runner holds per record small.
+the same inputs yields byte-identical shards (and identical SHA-256 in the manifest),
+on every runner, while the records of a shard are mixed across sources.
+
+Shards are made by an external merge sort, so no worker ever holds a whole shard:
+each bundle encodes its records (compressed ``tf.train.Example`` bytes with an 8-byte
+sort key), sorts them per shard in runs of at most ``RUN_RECORDS`` and writes each run
+to the build's scratch directory; only the runs' paths cross the shuffle, and one task
+per shard streams a k-way merge of its runs into the shard.
+
+Everything is written through Beam's ``FileSystems`` (see ``research.data.filesystems``),
+so the scratch and dataset directories may be remote: TensorFlow's record writer frames
+(and gzips) a shard into a worker-local file, which is copied under a temporary name to
+the dataset's directory and renamed when complete; a failed or retried worker leaves
+no half shard.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import os
+import struct
+import tempfile
+import uuid
 import zlib
-from collections.abc import Iterable, Mapping
-from pathlib import Path
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindows
+from apache_beam.utils.windowed_value import WindowedValue
 
 from contracts.dataset_manifest import ShardInfo
-from contracts.digests import file_sha256
 from contracts.features import FeatureSpec, encode_example, token_ids_key
+from research.data import filesystems
 from research.data.records import RANK, Record
 from research.data.split import SPLIT
 
@@ -43,67 +59,135 @@ def order_key(rank: str) -> int:
 
 
 def write_shard(
-    directory: str | Path, name: str, examples: Iterable[bytes], compression: str
+    directory: str | os.PathLike[str],
+    name: str,
+    examples: Iterable[bytes],
+    compression: str,
+    temp_dir: str | None = None,
 ) -> ShardInfo:
-    """Write serialized Examples to ``directory/name`` and describe the file."""
+    """Write serialized Examples to ``directory/name`` and describe the file.
+
+    ``temp_dir`` holds the shard until it is complete (see ``filesystems.atomic_output``).
+    """
     import tensorflow as tf
 
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    path = Path(directory) / name
     options = tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
     written = 0
-    with tf.io.TFRecordWriter(str(path), options) as writer:
-        for example in examples:
-            writer.write(example)
-            written += 1
-    return ShardInfo(
-        path=name, num_records=written, sha256=file_sha256(path), num_bytes=os.path.getsize(path)
-    )
+    with tempfile.TemporaryDirectory(prefix="slipway-shard-") as scratch:
+        local = os.path.join(scratch, name)
+        with tf.io.TFRecordWriter(local, options) as writer:
+            for example in examples:
+                writer.write(example)
+                written += 1
+        destination = filesystems.join(os.fspath(directory), name)
+        sha256, num_bytes = filesystems.copy_local_file(local, destination, temp_dir)
+    return ShardInfo(path=name, num_records=written, sha256=sha256, num_bytes=num_bytes)
+
+
+RUN_RECORDS = 20_000
+_RUN_HEADER = struct.Struct(">QI")  # sort key, length of the compressed Example
+
+ShardKey = tuple[str, int]  # (split, shard index)
+Keyed = tuple[int, bytes]  # (sort key, compressed Example)
 
 
 class WriteShards(beam.PTransform):
     """Records tagged with ``_split`` -> shard files in ``directory``; emits one
-    ``(split, ShardInfo-as-JSON)`` per written shard."""
+    ``(split, ShardInfo-as-JSON)`` per written shard.
+
+    Sorted runs and unfinished shards go to ``temp_dir``, which every worker must be
+    able to read and which the caller removes once the pipeline is done.
+    """
 
     def __init__(
         self,
-        directory: str | Path,
+        directory: str | os.PathLike[str],
         features: Mapping[str, FeatureSpec],
         shards_per_split: Mapping[str, int],
         compression: str,
+        temp_dir: str,
     ) -> None:
         super().__init__()
-        self._directory = str(directory)
+        self._directory = os.fspath(directory)
+        self._temp_dir = temp_dir
         self._features = dict(features)
         self._shards = dict(shards_per_split)
         self._compression = compression
 
     def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
-        features, shards = self._features, self._shards
-        directory, compression = self._directory, self._compression
-        text_fields = [name for name, spec in features.items() if spec.type == "text"]
+        shards, compression = self._shards, self._compression
+        directory, temp_dir = self._directory, self._temp_dir
 
-        def encode(record: Record) -> tuple[tuple[str, int], tuple[int, bytes]]:
-            split = record[SPLIT]
-            token_ids = {
-                name: record[token_ids_key(name)]
-                for name in text_fields
-                if record.get(token_ids_key(name)) is not None
-            }
-            example = encode_example(record, features, token_ids)
-            key = (split, shard_index(record[RANK], shards[split]))
-            return key, (order_key(record[RANK]), zlib.compress(example, 1))
-
-        def write(item: tuple[tuple[str, int], Iterable[tuple[int, bytes]]]) -> Any:
-            (split, index), keyed = item
+        def write(item: tuple[ShardKey, Iterable[str]]) -> tuple[str, dict[str, Any]]:
+            (split, index), runs = item
             name = shard_file_name(split, index, shards[split], compression)
-            ordered = (zlib.decompress(example) for _, example in sorted(keyed))
-            info = write_shard(directory, name, ordered, compression)
+            merged = heapq.merge(*(read_run(path) for path in runs))
+            examples = (zlib.decompress(example) for _, example in merged)
+            info = write_shard(directory, name, examples, compression, temp_dir)
             return split, info.to_json()
 
         return (
             pcoll
-            | "Encode" >> beam.Map(encode)
-            | "GroupByShard" >> beam.GroupByKey()
-            | "Write" >> beam.Map(write)
+            | "SortedRuns" >> beam.ParDo(_WriteSortedRuns(self._features, shards, temp_dir))
+            | "GroupRunsByShard" >> beam.GroupByKey()
+            | "Merge" >> beam.Map(write)
         )
+
+
+class _WriteSortedRuns(beam.DoFn):
+    """Encode records, and write them per shard in sorted runs; emits
+    ``((split, shard index), run path)`` per run."""
+
+    def __init__(
+        self, features: Mapping[str, FeatureSpec], shards: Mapping[str, int], temp_dir: str
+    ) -> None:
+        self._features = dict(features)
+        self._shards = dict(shards)
+        self._temp_dir = temp_dir
+        self._text_fields = [name for name, spec in features.items() if spec.type == "text"]
+        self._buffer: dict[ShardKey, list[Keyed]] = defaultdict(list)
+        self._buffered = 0
+
+    def start_bundle(self) -> None:
+        self._buffer, self._buffered = defaultdict(list), 0
+
+    def process(self, record: Record) -> Iterator[tuple[ShardKey, str]]:
+        token_ids = {
+            name: record[token_ids_key(name)]
+            for name in self._text_fields
+            if record.get(token_ids_key(name)) is not None
+        }
+        example = encode_example(record, self._features, token_ids)
+        split, rank = record[SPLIT], record[RANK]
+        key = (split, shard_index(rank, self._shards[split]))
+        self._buffer[key].append((order_key(rank), zlib.compress(example, 1)))
+        self._buffered += 1
+        if self._buffered >= RUN_RECORDS:
+            yield from self._write_runs()
+
+    def finish_bundle(self) -> Iterator[WindowedValue]:
+        for run in self._write_runs():
+            yield GlobalWindows.windowed_value_at_end_of_window(run)
+
+    def _write_runs(self) -> Iterator[tuple[ShardKey, str]]:
+        buffer, self._buffer, self._buffered = self._buffer, defaultdict(list), 0
+        for (split, index), keyed in sorted(buffer.items()):
+            keyed.sort()
+            path = filesystems.join(self._temp_dir, f"{split}-{index:05d}-{uuid.uuid4().hex}.run")
+            write_run(path, keyed)
+            yield (split, index), path
+
+
+def write_run(path: str, keyed: Iterable[Keyed]) -> None:
+    with filesystems.atomic_output(path) as out:
+        for key, example in keyed:
+            out.write(_RUN_HEADER.pack(key, len(example)))
+            out.write(example)
+
+
+def read_run(path: str) -> Iterator[Keyed]:
+    """A run's ``(sort key, compressed Example)`` pairs, streamed."""
+    with filesystems.open_for_read(path) as run:
+        while header := run.read(_RUN_HEADER.size):
+            key, length = _RUN_HEADER.unpack(header)
+            yield key, run.read(length)

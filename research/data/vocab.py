@@ -34,18 +34,20 @@ from __future__ import annotations
 
 import heapq
 import json
+import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindows
+from apache_beam.utils.windowed_value import WindowedValue
 
-from contracts.atomic_files import write_text_atomically
 from contracts.features import token_ids_key
+from research.data import filesystems
 from research.data.pii import PLACEHOLDERS as PII_PLACEHOLDERS
 from research.data.records import PackRecords, Record, count, unpack_records
 from research.data.spec import PII_KINDS
@@ -276,17 +278,20 @@ class Vocabulary:
             raise ValueError(f"lowercase must be true or false, got {lowercase!r}")
         return cls(tokens, [(left, right) for left, right in merges], lowercase=lowercase)
 
-    def save(self, path: str | Path) -> None:
-        """Write the JSON form atomically, so a reader never sees half a vocabulary."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(path, json.dumps(self.to_json(), ensure_ascii=False, indent=1))
+    def save(self, path: str | os.PathLike[str], temp_dir: str | None = None) -> None:
+        """Write the JSON form atomically, so a reader never sees half a vocabulary.
+
+        ``path`` may be local or a URI: the write goes through Beam's FileSystems
+        (``temp_dir`` as in ``filesystems.atomic_output``).
+        """
+        text = json.dumps(self.to_json(), ensure_ascii=False, indent=1)
+        filesystems.write_bytes(os.fspath(path), text.encode("utf-8"), temp_dir)
 
     @classmethod
-    def load(cls, path: str | Path) -> Vocabulary:
-        path = Path(path)
+    def load(cls, path: str | os.PathLike[str]) -> Vocabulary:
+        path = os.fspath(path)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(filesystems.read_bytes(path).decode("utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise ValueError(f"{path}: cannot read vocabulary: {error}") from error
         if not isinstance(data, dict):
@@ -479,8 +484,10 @@ def _apply_merge(
 class CountWords(beam.PTransform):
     """Records -> ``(word, count)`` over the given text fields.
 
-    Counting is a CombinePerKey, so it is partial-summed on every worker and scales
-    to corpora whose vocabulary of words does not fit one machine's memory.
+    Each bundle counts its words in a dict first, so a word leaves a bundle once rather
+    than once per occurrence (per-element work dominates an exact count); a
+    CombinePerKey then sums the bundles' counts, partial-summed on every worker, so
+    counting scales to corpora whose vocabulary of words does not fit one machine.
     """
 
     def __init__(self, fields: Sequence[str], lowercase: bool) -> None:
@@ -491,21 +498,40 @@ class CountWords(beam.PTransform):
     def expand(self, records: beam.PCollection) -> beam.PCollection:
         return (
             records
-            | "Words" >> beam.FlatMap(_words_of_record, self._fields, self._lowercase)
+            | "CountInBundle" >> beam.ParDo(_CountBundleWords(self._fields, self._lowercase))
             | "Count" >> beam.CombinePerKey(sum)
         )
 
 
-def _words_of_record(
-    record: Record, fields: Sequence[str], lowercase: bool
-) -> Iterable[tuple[str, int]]:
-    for field in fields:
-        value = record.get(field)
-        if value is None:
-            continue
-        text = value if isinstance(value, str) else str(value)
-        for word in pre_tokenize(text, lowercase=lowercase):
-            yield word, 1
+class _CountBundleWords(beam.DoFn):
+    """A bundle's word counts, emitted when the bundle ends or the dict reaches
+    ``MAX_BUNDLE_WORDS`` distinct words (which bounds its memory)."""
+
+    MAX_BUNDLE_WORDS = 200_000
+
+    def __init__(self, fields: Sequence[str], lowercase: bool) -> None:
+        self._fields = list(fields)
+        self._lowercase = lowercase
+        self._counts: Counter[str] = Counter()
+
+    def start_bundle(self) -> None:
+        self._counts = Counter()
+
+    def process(self, record: Record) -> Iterable[tuple[str, int]]:
+        for field in self._fields:
+            value = record.get(field)
+            if value is not None:
+                text = value if isinstance(value, str) else str(value)
+                self._counts.update(pre_tokenize(text, lowercase=self._lowercase))
+        if len(self._counts) < self.MAX_BUNDLE_WORDS:
+            return
+        yield from self._counts.items()
+        self._counts = Counter()
+
+    def finish_bundle(self) -> Iterable[WindowedValue]:
+        for word_count in self._counts.items():
+            yield GlobalWindows.windowed_value_at_end_of_window(word_count)
+        self._counts = Counter()
 
 
 class LearnVocabulary(beam.PTransform):

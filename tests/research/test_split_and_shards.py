@@ -10,6 +10,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from contracts.digests import file_sha256
 from contracts.features import FeatureSpec
+from research.data import shards as shard_writing
 from research.data.categories import CategoryVocabularies, choose_vocabulary, natural_order
 from research.data.records import content_digest, make_rank
 from research.data.shards import WriteShards, order_key, shard_index
@@ -80,16 +81,19 @@ def test_feature_categories_come_from_train_labels_from_all_splits():
         assert_that(out, equal_to([{"color": ["blue", "red"], "label": ["0", "1", "2"]}]))
 
 
-def test_shards_are_reproducible_and_ordered(tmp_path):
+def test_shards_are_reproducible_and_ordered(tmp_path, monkeypatch):
     features = {"x": FeatureSpec(name="x", type="numeric", dtype="int64")}
     rows = [{"x": i, "_rank": make_rank(0, "f", i), SPLIT: "train"} for i in range(40)]
 
     def build(directory):
         with TestPipeline(runner=RUNNER) as p:
-            _ = p | beam.Create(rows) | WriteShards(directory, features, {"train": 3}, "gzip")
+            scratch = str(tmp_path / f"{directory.name}-scratch")
+            shards = WriteShards(directory, features, {"train": 3}, "gzip", scratch)
+            _ = p | beam.Create(rows) | shards
         return sorted(directory.iterdir())
 
     first = build(tmp_path / "a")
+    monkeypatch.setattr(shard_writing, "RUN_RECORDS", 3)  # many small sorted runs to merge
     second = build(tmp_path / "b")
     assert [f.name for f in first] == [f.name for f in second]
     assert [file_sha256(f) for f in first] == [file_sha256(f) for f in second]

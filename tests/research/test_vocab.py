@@ -28,6 +28,7 @@ from research.data.vocab import (
     LearnVocabulary,
     TokenizeRecords,
     Vocabulary,
+    _CountBundleWords,
     learn_vocabulary,
     pre_tokenize,
 )
@@ -325,7 +326,10 @@ def direct_vocabulary(field: str, size: int = 40) -> Vocabulary:
     return learn_vocabulary(counts, size=size, min_frequency=1)
 
 
-def test_count_words_counts_every_listed_field():
+@pytest.mark.parametrize("bundle_words", [_CountBundleWords.MAX_BUNDLE_WORDS, 2])
+def test_count_words_counts_every_listed_field(monkeypatch, bundle_words):
+    """Also when bundles emit their counts early, to bound their memory."""
+    monkeypatch.setattr(_CountBundleWords, "MAX_BUNDLE_WORDS", bundle_words)
     with pipeline() as p:
         counts = p | beam.Create(RECORDS) | CountWords(["title", "body"], lowercase=True)
         assert_that(

@@ -1,0 +1,148 @@
+"""Shards and side files written through Beam's FileSystems, to a filesystem that is
+not the local disk: a URI must reach it intact, and a failed write must leave nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from typing import Any, ClassVar
+
+import pytest
+import tensorflow as tf
+from apache_beam.io.filesystem import FileSystem
+
+from research.data import filesystems
+from research.data.shards import write_shard
+from research.data.vocab import learn_vocabulary
+
+
+class MemoryFileSystem(FileSystem):
+    """``memtest://`` files held in a class-level dict, as a bucket store would hold them."""
+
+    files: ClassVar[dict[str, bytes]] = {}
+
+    @classmethod
+    def scheme(cls) -> str:
+        return "memtest"
+
+    def join(self, basepath: str, *paths: str) -> str:
+        return "/".join([basepath.rstrip("/"), *(path.strip("/") for path in paths)])
+
+    def split(self, path: str) -> tuple[str, str]:
+        head, _, tail = path.rpartition("/")
+        return head, tail
+
+    def create(self, path: str, mime_type: str = "", compression_type: Any = None) -> io.BytesIO:
+        files = self.files
+
+        class Upload(io.BytesIO):
+            def close(self) -> None:
+                if not self.closed:
+                    files[path] = self.getvalue()
+                super().close()
+
+        return Upload()
+
+    def open(self, path: str, mime_type: str = "", compression_type: Any = None) -> io.BytesIO:
+        if path not in self.files:
+            raise FileNotFoundError(path)
+        return io.BytesIO(self.files[path])
+
+    def rename(self, sources: list[str], destinations: list[str]) -> None:
+        for source, destination in zip(sources, destinations, strict=True):
+            self.files[destination] = self.files.pop(source)
+
+    def delete(self, paths: list[str]) -> None:
+        for path in paths:
+            self.files.pop(path, None)
+
+    def exists(self, path: str) -> bool:
+        return path in self.files
+
+    # Not used by the build's writes.
+    def mkdirs(self, path: str) -> None: ...
+    def has_dirs(self) -> bool: return False  # fmt: skip
+
+    def _list(self, dir_or_prefix: str) -> Any: raise NotImplementedError  # fmt: skip
+
+    def copy(self, sources: Any, destinations: Any) -> None: raise NotImplementedError  # fmt: skip
+
+    def size(self, path: str) -> int: raise NotImplementedError  # fmt: skip
+
+    def last_updated(self, path: str) -> float: raise NotImplementedError  # fmt: skip
+
+    def checksum(self, path: str) -> str: raise NotImplementedError  # fmt: skip
+
+    def metadata(self, path: str) -> Any: raise NotImplementedError  # fmt: skip
+
+
+@pytest.fixture
+def bucket() -> dict[str, bytes]:
+    MemoryFileSystem.files.clear()
+    return MemoryFileSystem.files
+
+
+def examples(count: int) -> list[bytes]:
+    return [
+        tf.train.Example(
+            features=tf.train.Features(
+                feature={"n": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}
+            )
+        ).SerializeToString()
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_a_shard_reaches_a_uri_whole_and_described(
+    bucket: dict[str, bytes], tmp_path: Any, compression: str
+) -> None:
+    name = "train-00000-of-00001.tfrecord" + (".gz" if compression == "gzip" else "")
+    info = write_shard(
+        "memtest://bucket/ds", name, examples(50), compression, "memtest://bucket/ds/_build/tmp"
+    )
+    assert list(bucket) == [f"memtest://bucket/ds/{name}"]
+    data = bucket[f"memtest://bucket/ds/{name}"]
+    assert (info.num_records, info.num_bytes) == (50, len(data))
+    assert info.sha256 == hashlib.sha256(data).hexdigest()
+    local = tmp_path / name
+    local.write_bytes(data)  # written once: FileSystems must not gzip a .gz name again
+    dataset = tf.data.TFRecordDataset(str(local), "GZIP" if compression == "gzip" else "")
+    assert [record.numpy() for record in dataset] == examples(50)
+
+
+def test_a_failed_write_leaves_neither_the_file_nor_its_temporary(
+    bucket: dict[str, bytes],
+) -> None:
+    def failing() -> Any:
+        yield from examples(10)
+        raise RuntimeError("worker lost")
+
+    with pytest.raises(RuntimeError, match="worker lost"):
+        write_shard("memtest://bucket/ds", "train.tfrecord", failing(), "none")
+    with (
+        pytest.raises(ValueError, match="no JSON for this"),
+        filesystems.atomic_output("memtest://bucket/ds/stats.json") as handle,
+    ):
+        handle.write(b"{half")
+        raise ValueError("no JSON for this")
+    assert bucket == {}
+
+
+def test_a_replaced_file_is_never_seen_half_written(bucket: dict[str, bytes]) -> None:
+    path = "memtest://bucket/ds/_build/statistics.json"
+    filesystems.write_json(path, {"old": 1})
+    with filesystems.atomic_output(path, "memtest://bucket/ds/_build/tmp") as handle:
+        handle.write(b'{"new": ')
+        assert bucket[path] == b'{\n  "old": 1\n}\n'
+        handle.write(b"2}")
+    assert list(bucket) == [path]
+    assert filesystems.read_bytes(path) == b'{"new": 2}'
+
+
+def test_a_vocabulary_saves_to_and_loads_from_a_uri(bucket: dict[str, bytes]) -> None:
+    vocabulary = learn_vocabulary({"lower": 5, "lowest": 3, "newer": 4}, size=40)
+    vocabulary.save("memtest://bucket/ds/vocab/text.json", "memtest://bucket/ds/_build/tmp")
+    assert list(bucket) == ["memtest://bucket/ds/vocab/text.json"]
+    loaded = type(vocabulary).load("memtest://bucket/ds/vocab/text.json")
+    assert loaded.to_json() == vocabulary.to_json()

@@ -1,0 +1,209 @@
+"""Dataset builds on Beam's Dask runner, over real ``dask.distributed`` worker processes.
+
+The reference is the in-process runner: the same spec built both ways must give the
+same bytes, whatever the workers, the partitions and the order tasks ran in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import psutil
+import pytest
+import yaml
+from distributed import Client, LocalCluster
+
+from research.data.dask_runner import DaskRunner
+from research.data.pipeline import build_dataset
+from research.data.runners import DASK_RUNNER, IN_PROCESS_RUNNER, pipeline_options
+from research.data.spec import load_spec
+from research.data.synthetic import write_corpus_jsonl
+from tests.research.data_fixtures import EXAMPLE_SPECS, slipway, tree_digest, write_spec
+
+pytestmark = pytest.mark.integration
+
+CORPUS_SIZE = 1500
+PARTS = 3
+
+
+def write_corpus_parts(raw: Path) -> Path:
+    """The example corpus spec over the synthetic corpus in ``PARTS`` files, one line broken."""
+    write_corpus_jsonl(raw / "corpus.jsonl", CORPUS_SIZE, seed=5, duplicate_rate=0.08,
+                       near_duplicate_rate=0.08, pii_rate=0.15)  # fmt: skip
+    lines = (raw / "corpus.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    (raw / "corpus.jsonl").unlink()
+    lines.insert(700, '{"id": "broken", "text": \n')
+    step = len(lines) // PARTS + 1
+    (raw / "parts").mkdir()
+    for index in range(PARTS):
+        part = lines[index * step : (index + 1) * step]
+        (raw / "parts" / f"corpus-{index}.jsonl").write_text("".join(part), encoding="utf-8")
+    spec = yaml.safe_load((EXAMPLE_SPECS / "corpus.yaml").read_text(encoding="utf-8"))
+    spec["sources"] = [{"type": "jsonl", "path": "parts/corpus-*.jsonl"}]
+    return write_spec(raw / "corpus.yaml", spec)
+
+
+def manifest_without_time(dataset: Path) -> dict[str, Any]:
+    manifest = json.loads((dataset / "manifest.json").read_text(encoding="utf-8"))
+    manifest.pop("created")  # the one field that says when, not what
+    return manifest
+
+
+def test_a_dask_build_is_byte_identical_to_the_in_process_build(tmp_path: Path) -> None:
+    spec_path = write_corpus_parts(tmp_path / "raw")
+    reference = build_dataset(load_spec(spec_path), tmp_path / "in-process")
+    assert reference.report["records_quarantined"] == 1
+    code = slipway(
+        "data", "build", spec_path, "-o", tmp_path / "dask", "--runner", "dask", "--workers", "2"
+    )  # fmt: skip
+    assert code == 0
+    dask_files = tree_digest(tmp_path / "dask")
+    reference_files = tree_digest(reference.output_dir)
+    assert dask_files.pop("manifest.json") and reference_files.pop("manifest.json")
+    assert dask_files == reference_files  # shards, vocabulary, report, quarantine
+    assert manifest_without_time(tmp_path / "dask") == manifest_without_time(reference.output_dir)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["dask", "in-process", "raw"]
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+class _Spread(beam.DoFn):
+    """Counts the elements each worker process handled, and shows tagged outputs apart."""
+
+    def process(self, element: int) -> Iterator[Any]:
+        time.sleep(0.05)  # long enough for every worker to be handed some partitions
+        beam.metrics.Metrics.counter("pids", str(os.getpid())).inc()
+        yield element
+        if element % 4 == 0:
+            yield beam.pvalue.TaggedOutput("fours", element)
+
+
+class _CountAtFinish(beam.DoFn):
+    """Emits its bundle's sum only when the bundle finishes."""
+
+    def start_bundle(self) -> None:
+        self._total = 0
+
+    def process(self, element: int) -> Iterator[Any]:
+        self._total += element
+        return iter(())
+
+    def finish_bundle(self) -> Iterator[Any]:
+        yield beam.transforms.window.GlobalWindows.windowed_value_at_end_of_window(self._total)
+
+
+def _count(namespace: str) -> Any:
+    return beam.Map(lambda value: beam.metrics.Metrics.counter(namespace, "sum").inc(value))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Client]:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None,
+                     scheduler_kwargs={"dashboard_address": "127.0.0.1:0"})
+        as local,
+        Client(local, set_as_default=False) as client,
+    ):  # fmt: skip
+        yield client
+
+
+def counters(result: Any, namespace: str) -> dict[str, int]:
+    query = result.metrics().query(beam.metrics.MetricsFilter().with_namespace(namespace))
+    return {counter.key.metric.name: counter.committed for counter in query["counters"]}
+
+
+def test_a_pipeline_runs_in_the_clusters_worker_processes(cluster: Client) -> None:
+    options = pipeline_options(["--runner", "DaskRunner", "--dask_client_address",
+                                cluster.scheduler.address])  # fmt: skip
+    pipeline = beam.Pipeline(options=options)
+    outputs = (
+        pipeline | beam.Create(range(40)) | beam.ParDo(_Spread()).with_outputs("fours", main="all")
+    )
+    _ = outputs.all | "AllTotals" >> beam.ParDo(_CountAtFinish()) | "CountAll" >> _count("all")
+    _ = (
+        outputs.fours
+        | "FourTotals" >> beam.ParDo(_CountAtFinish())
+        | "CountFours" >> _count("fours")
+    )
+    _ = outputs.all | beam.combiners.Count.Globally() | "CountGlobally" >> _count("count")
+    result = pipeline.run()
+    result.wait_until_finish()
+
+    workers = {str(pid) for pid in cluster.run(os.getpid).values()}
+    per_worker = counters(result, "pids")
+    assert set(per_worker) == workers and len(workers) == 2
+    assert sum(per_worker.values()) == 40
+    assert counters(result, "all") == {"sum": sum(range(40))}  # finish_bundle outputs kept
+    assert counters(result, "fours") == {"sum": sum(range(0, 40, 4))}  # only its own tag
+    assert counters(result, "count") == {"sum": 40}  # a lifted combiner
+
+
+def _fail(element: int) -> int:
+    raise ValueError(f"bad element {element}")
+
+
+def test_a_failing_build_raises_its_error_and_stops_its_cluster() -> None:
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    pipeline = beam.Pipeline(options=pipeline_options(["--runner", "dask", "--workers", "2"]))
+    _ = pipeline | beam.Create([7]) | beam.Map(_fail)
+    with pytest.raises(ValueError, match="bad element 7"):
+        pipeline.run()
+    deadline = time.monotonic() + 30
+    while {c.pid for c in psutil.Process().children(recursive=True)} - before:
+        assert time.monotonic() < deadline, "worker processes outlived the build"
+        time.sleep(0.2)
+
+
+def test_windowing_is_refused_before_any_worker_starts() -> None:
+    pipeline = beam.Pipeline(runner=DaskRunner())
+    _ = (
+        pipeline
+        | beam.Create([("a", 1)])
+        | beam.WindowInto(beam.window.FixedWindows(60))
+        | "GroupByMinute" >> beam.GroupByKey()
+    )
+    with pytest.raises(NotImplementedError, match="WindowInto"):
+        pipeline.run()
+
+
+# --------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(
+    ("argv", "runner"),
+    [
+        ([], IN_PROCESS_RUNNER),
+        (["--runner", "dask"], DASK_RUNNER),
+        (["--runner=DaskRunner", "--workers=3"], DASK_RUNNER),
+        (["--runner", "DataflowRunner", "--project", "p", "--temp_location", "gs://b/t"],
+         "DataflowRunner"),
+    ],
+)  # fmt: skip
+def test_the_runner_is_chosen_by_name(argv: list[str], runner: str) -> None:
+    assert pipeline_options(argv).view_as(beam.options.pipeline_options.StandardOptions).runner == (
+        runner
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workers", "2"], "needs --runner dask"),
+        (["--runner", "FlinkRunner", "--workers", "2"], "needs --runner dask"),
+        (["--runner", "dask", "--workers", "0"], "at least 1"),
+        (
+            ["--runner", "dask", "--workers", "2", "--dask_client_address=tcp://h:8786"],
+            "connect to",
+        ),
+    ],
+)
+def test_contradictory_options_are_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        pipeline_options(argv)
