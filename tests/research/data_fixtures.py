@@ -19,6 +19,8 @@ import yaml
 from PIL import Image
 
 from contracts.dataset_manifest import load_manifest
+from research.data.sources import check_sources, is_record, read_source_file
+from research.data.spec import DatasetSpec
 from slipway.cli import main as slipway_main
 
 EXAMPLE_SPECS = Path(__file__).resolve().parents[2] / "examples" / "data"
@@ -202,3 +204,24 @@ def decode_example(serialized: bytes) -> dict[str, list[Any]]:
         kind = feature.WhichOneof("kind")
         out[key] = list(getattr(feature, kind).value) if kind else []
     return out
+
+
+def make_spec(base: Path, source: dict[str, Any], **extra: Any) -> DatasetSpec:
+    """A one-source dataset spec rooted at ``base``."""
+    return DatasetSpec.model_validate(
+        {"name": "t", "sources": [source], "base_dir": str(base), **extra}
+    )
+
+
+def read(spec: DatasetSpec) -> tuple[list[dict], list[dict]]:
+    """Every record and every quarantine entry the spec's sources yield, in order."""
+    records, quarantined = [], []
+    for unit in check_sources(spec):
+        for item in read_source_file(unit):
+            (records if is_record(item) else quarantined).append(item)
+    return records, quarantined
+
+
+def public(record: dict) -> dict:
+    """A record without its bookkeeping keys."""
+    return {key: value for key, value in record.items() if not key.startswith("_")}

@@ -12,8 +12,8 @@ import pytest
 from contracts.yaml_config import ConfigError
 from research.data.records import ORIGIN
 from research.data.schema import resolve_schema
-from research.data.sources import check_sources, is_record, read_source_file, source_columns
-from research.data.spec import DatasetSpec
+from research.data.sources import check_sources, source_columns
+from tests.research.data_fixtures import make_spec, public, read
 
 
 def sklearn_csv(name: str, directory: Path) -> Path:
@@ -28,24 +28,6 @@ def breast_cancer_names() -> list[str]:
     from sklearn.datasets import load_breast_cancer
 
     return [str(name) for name in load_breast_cancer().feature_names] + ["target"]
-
-
-def make_spec(base: Path, source: dict[str, Any], **extra: Any) -> DatasetSpec:
-    return DatasetSpec.model_validate(
-        {"name": "t", "sources": [source], "base_dir": str(base), **extra}
-    )
-
-
-def read(spec: DatasetSpec) -> tuple[list[dict], list[dict]]:
-    records, quarantined = [], []
-    for unit in check_sources(spec):
-        for item in read_source_file(unit):
-            (records if is_record(item) else quarantined).append(item)
-    return records, quarantined
-
-
-def public(record: dict) -> dict:
-    return {key: value for key, value in record.items() if not key.startswith("_")}
 
 
 # --- scikit-learn's files: the first line is a count line, not a header ----------------

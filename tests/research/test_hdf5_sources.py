@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import h5py
 import numpy as np
@@ -14,29 +13,10 @@ from research.data import array_sources
 from research.data.pipeline import build_dataset
 from research.data.records import ORIGIN
 from research.data.schema import resolve_schema
-from research.data.sources import check_sources, is_record, read_source_file
-from research.data.spec import DatasetSpec, load_spec
-from tests.research.data_fixtures import read_examples, write_spec
+from research.data.spec import load_spec
+from tests.research.data_fixtures import make_spec, public, read, read_examples, write_spec
 
 pytestmark = pytest.mark.integration
-
-
-def make_spec(base: Path, source: dict[str, Any], **extra: Any) -> DatasetSpec:
-    return DatasetSpec.model_validate(
-        {"name": "t", "sources": [source], "base_dir": str(base), **extra}
-    )
-
-
-def read(spec: DatasetSpec) -> tuple[list[dict], list[dict]]:
-    records, quarantined = [], []
-    for unit in check_sources(spec):
-        for item in read_source_file(unit):
-            (records if is_record(item) else quarantined).append(item)
-    return records, quarantined
-
-
-def public(record: dict) -> dict:
-    return {key: value for key, value in record.items() if not key.startswith("_")}
 
 
 def digits() -> tuple[np.ndarray, np.ndarray]:
