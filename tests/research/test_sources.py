@@ -20,11 +20,10 @@ from research.data.records import METRICS_NAMESPACE, ORIGIN, QUARANTINE_TAG, RAN
 from research.data.sources import (
     ReadSources,
     check_sources,
-    is_record,
-    read_source_file,
     sample_records,
 )
 from research.data.spec import DatasetSpec
+from tests.research.data_fixtures import public, read
 
 FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
@@ -33,18 +32,6 @@ def make_spec(base: Path, *sources: dict[str, Any], **extra: Any) -> DatasetSpec
     return DatasetSpec.model_validate(
         {"name": "t", "sources": list(sources), "base_dir": str(base), **extra}
     )
-
-
-def read_all(spec: DatasetSpec) -> tuple[list[dict], list[dict]]:
-    records, quarantined = [], []
-    for unit in check_sources(spec):
-        for item in read_source_file(unit):
-            (records if is_record(item) else quarantined).append(item)
-    return records, quarantined
-
-
-def fields(record: dict) -> dict:
-    return {key: value for key, value in record.items() if not key.startswith("_")}
 
 
 def png_bytes(array: np.ndarray) -> bytes:
@@ -67,9 +54,9 @@ def test_csv_keeps_strings_handles_quoted_newlines_and_renames(tmp_path: Path) -
         'id,Comment,score\n1,"first line\nsecond line",0.5\n2,,7\n', encoding="utf-8"
     )
     spec = make_spec(tmp_path, {"type": "csv", "path": "a.csv", "rename": {"Comment": "text"}})
-    records, quarantined = read_all(spec)
+    records, quarantined = read(spec)
     assert quarantined == []
-    assert [fields(r) for r in records] == [
+    assert [public(r) for r in records] == [
         {"id": "1", "text": "first line\nsecond line", "score": "0.5"},
         {"id": "2", "text": None, "score": "7"},
     ]
@@ -80,8 +67,8 @@ def test_csv_keeps_strings_handles_quoted_newlines_and_renames(tmp_path: Path) -
 def test_csv_broken_rows_are_quarantined_and_reading_goes_on(tmp_path: Path) -> None:
     (tmp_path / "b.csv").write_bytes(b'a,b\n1,2\n3\n"x"y,4\n5,6,7\n\xff\xfe,8\n9,10\n')
     spec = make_spec(tmp_path, {"type": "csv", "path": "b.csv"})
-    records, quarantined = read_all(spec)
-    assert [fields(r) for r in records] == [{"a": "1", "b": "2"}, {"a": "9", "b": "10"}]
+    records, quarantined = read(spec)
+    assert [public(r) for r in records] == [{"a": "1", "b": "2"}, {"a": "9", "b": "10"}]
     assert [q["origin"] for q in quarantined] == ["b.csv:3", "b.csv:4", "b.csv:5", "b.csv:6"]
     reasons = [q["reason"] for q in quarantined]
     assert reasons[0] == "expected 2 columns, got 1"
@@ -99,7 +86,7 @@ def test_csv_without_header_or_with_duplicate_columns_is_quarantined(tmp_path: P
         {"type": "csv", "path": "empty.csv"},
         {"type": "csv", "path": "dup.csv", "rename": {"b": "a"}},
     )
-    records, quarantined = read_all(spec)
+    records, quarantined = read(spec)
     assert records == []
     assert [q["reason"] for q in quarantined] == [
         "empty file: a header row is required",
@@ -110,8 +97,8 @@ def test_csv_without_header_or_with_duplicate_columns_is_quarantined(tmp_path: P
 def test_csv_honours_delimiter_and_byte_order_mark(tmp_path: Path) -> None:
     (tmp_path / "s.csv").write_bytes("\ufeffx;y\n1;2\n".encode())
     spec = make_spec(tmp_path, {"type": "csv", "path": "s.csv", "delimiter": ";"})
-    records, _ = read_all(spec)
-    assert [fields(r) for r in records] == [{"x": "1", "y": "2"}]
+    records, _ = read(spec)
+    assert [public(r) for r in records] == [{"x": "1", "y": "2"}]
 
 
 # --- JSONL ----------------------------------------------------------------------------
@@ -127,8 +114,8 @@ def test_jsonl_reads_objects_and_quarantines_bad_lines(tmp_path: Path) -> None:
     ]
     (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
     spec = make_spec(tmp_path, {"type": "jsonl", "path": "d.jsonl", "rename": {"old": "new"}})
-    records, quarantined = read_all(spec)
-    assert [fields(r) for r in records] == [
+    records, quarantined = read(spec)
+    assert [public(r) for r in records] == [
         {"x": [1, 2, 3], "meta": {"k": 1}, "new": "v"},
         {"x": [4, 5, 6]},
     ]
@@ -149,8 +136,8 @@ def test_text_line_mode_with_constant_label(tmp_path: Path) -> None:
         tmp_path,
         {"type": "text", "path": "pos.txt", "label": "pos", "label_field": "sentiment"},
     )
-    records, quarantined = read_all(spec)
-    assert [fields(r) for r in records] == [{"text": "good film", "sentiment": "pos"}]
+    records, quarantined = read(spec)
+    assert [public(r) for r in records] == [{"text": "good film", "sentiment": "pos"}]
     assert [q["origin"] for q in quarantined] == ["pos.txt:4", "pos.txt:5"]
     assert quarantined[0]["reason"] == "line is not valid utf-8"
     assert "\\xe9" in quarantined[0]["raw"]
@@ -159,7 +146,7 @@ def test_text_line_mode_with_constant_label(tmp_path: Path) -> None:
 def test_text_line_mode_in_a_declared_encoding(tmp_path: Path) -> None:
     (tmp_path / "l1.txt").write_bytes("café\nnaïve\n".encode("latin-1"))
     spec = make_spec(tmp_path, {"type": "text", "path": "l1.txt", "encoding": "latin-1"})
-    records, quarantined = read_all(spec)
+    records, quarantined = read(spec)
     assert quarantined == []
     assert [r["text"] for r in records] == ["café", "naïve"]
 
@@ -174,7 +161,7 @@ def test_text_file_mode_one_document_per_file(tmp_path: Path) -> None:
     spec = make_spec(
         tmp_path, {"type": "text", "path": "docs/*.txt", "mode": "file", "field": "body"}
     )
-    records, quarantined = read_all(spec)
+    records, quarantined = read(spec)
     assert [(r[ORIGIN], r["body"]) for r in records] == [
         ("docs/a.txt", "line one\nline two\n"),
         ("docs/b.txt", "other"),
@@ -198,9 +185,9 @@ def test_image_folder_reads_raw_bytes_with_class_labels(tmp_path: Path) -> None:
     (tmp_path / "pets" / "dog" / "notes.txt").write_text("not an image")
     (tmp_path / "pets" / "README").write_text("not a class")
     spec = make_spec(tmp_path, {"type": "image_folder", "path": "pets", "image_field": "photo"})
-    records, quarantined = read_all(spec)
+    records, quarantined = read(spec)
     assert quarantined == []
-    assert [fields(r) for r in records] == [
+    assert [public(r) for r in records] == [
         {"photo": cat, "label": "cat"},
         {"photo": dog, "label": "dog"},
         {"photo": corrupt, "label": "dog"},  # decoding is checked when conforming
@@ -211,7 +198,7 @@ def test_image_folder_reads_raw_bytes_with_class_labels(tmp_path: Path) -> None:
 def test_image_folder_without_images_is_quarantined(tmp_path: Path) -> None:
     (tmp_path / "empty" / "cls").mkdir(parents=True)
     spec = make_spec(tmp_path, {"type": "image_folder", "path": "empty"})
-    records, quarantined = read_all(spec)
+    records, quarantined = read(spec)
     assert records == []
     assert quarantined[0]["reason"].startswith("no images")
 
@@ -240,7 +227,7 @@ def test_npz_digits_one_record_per_index_with_png_images(tmp_path: Path, digits)
             "images": ["image"],
         },
     )
-    records, quarantined = read_all(spec)
+    records, quarantined = read(spec)
     assert quarantined == []
     assert len(records) == len(images)
     for index, record in enumerate(records):
@@ -255,8 +242,8 @@ def test_npz_all_arrays_by_default_rows_become_lists(tmp_path: Path) -> None:
         tmp_path / "v.npz", x=np.arange(6, dtype=np.float32).reshape(3, 2), y=np.array([1, 0, 1])
     )
     spec = make_spec(tmp_path, {"type": "npz", "path": "v.npz"})
-    records, _ = read_all(spec)
-    assert [fields(r) for r in records] == [
+    records, _ = read(spec)
+    assert [public(r) for r in records] == [
         {"x": [0.0, 1.0], "y": 1},
         {"x": [2.0, 3.0], "y": 0},
         {"x": [4.0, 5.0], "y": 1},
@@ -267,7 +254,7 @@ def test_npz_integral_float_images_are_accepted(tmp_path: Path) -> None:
     pixels = np.array([[[0.0, 255.0], [17.0, 3.0]]])
     np.savez(tmp_path / "f.npz", img=pixels)
     spec = make_spec(tmp_path, {"type": "npz", "path": "f.npz", "images": ["img"]})
-    records, quarantined = read_all(spec)
+    records, quarantined = read(spec)
     assert quarantined == []
     decoded = np.asarray(Image.open(io.BytesIO(records[0]["img"])))
     np.testing.assert_array_equal(decoded, pixels[0].astype(np.uint8))
@@ -296,7 +283,7 @@ def test_npz_unusable_files_are_quarantined_with_a_clear_reason(
 ) -> None:
     np.savez(tmp_path / "bad.npz", **arrays)
     spec = make_spec(tmp_path, {"type": "npz", "path": "bad.npz", "images": images})
-    records, quarantined = read_all(spec)
+    records, quarantined = read(spec)
     assert records == []
     assert len(quarantined) == 1
     assert quarantined[0]["origin"] == "bad.npz"
@@ -306,7 +293,7 @@ def test_npz_unusable_files_are_quarantined_with_a_clear_reason(
 def test_npz_missing_array_names_the_arrays_present(tmp_path: Path) -> None:
     np.savez(tmp_path / "m.npz", x=np.zeros(2))
     spec = make_spec(tmp_path, {"type": "npz", "path": "m.npz", "arrays": {"X": "x"}})
-    _, quarantined = read_all(spec)
+    _, quarantined = read(spec)
     assert "no array named X (arrays: x)" in quarantined[0]["reason"]
 
 
@@ -353,11 +340,11 @@ def test_globs_match_in_sorted_order_and_ranks_are_unique_and_ordered(tmp_path: 
         (tmp_path / name).write_text('{"v": 1}\n{"v": 2}\n')
     spec = make_spec(tmp_path, {"type": "jsonl", "path": "*.jsonl"})
     assert [unit.display for unit in check_sources(spec)] == ["a.jsonl", "b.jsonl"]
-    records, _ = read_all(spec)
+    records, _ = read(spec)
     ranks = [r[RANK] for r in records]
     assert len(set(ranks)) == 4
     assert ranks == sorted(ranks)
-    assert read_all(spec)[0] == records  # same input, same records
+    assert read(spec)[0] == records  # same input, same records
 
 
 def test_sample_takes_records_from_every_source_in_turn(tmp_path: Path) -> None:
@@ -365,7 +352,7 @@ def test_sample_takes_records_from_every_source_in_turn(tmp_path: Path) -> None:
     (tmp_path / "b.txt").write_text("one\ntwo\n")
     spec = make_spec(tmp_path, {"type": "csv", "path": "a.csv"}, {"type": "text", "path": "b.txt"})
     sample = sample_records(spec, 5)
-    assert [fields(r) for r in sample] == [
+    assert [public(r) for r in sample] == [
         {"x": "0"},
         {"text": "one"},
         {"x": "1"},
@@ -386,7 +373,7 @@ def test_read_sources_in_beam_splits_records_from_quarantine_and_counts(tmp_path
     pipeline = TestPipeline(runner=FN_API_RUNNER)
     result = pipeline | ReadSources(spec)
     assert_that(
-        result.records | beam.Map(fields),
+        result.records | beam.Map(public),
         equal_to([{"x": "1", "y": "2"}, {"x": "4"}]),
         label="records",
     )
