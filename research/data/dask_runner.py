@@ -42,6 +42,8 @@ from research.data.runners import DEFAULT_DASK_WORKERS, LocalClusterOptions
 
 LOOPBACK = "127.0.0.1"
 DEATH_TIMEOUT_SECONDS = 60
+PARTITIONS_PER_THREAD = 4
+MIN_PARTITIONS = 8
 
 
 class CounterResults(MetricResults):
@@ -113,6 +115,14 @@ def connect(connection: Mapping[str, Any], workers: int | None) -> Iterator[Clie
         yield client
 
 
+def default_partitions(client: Client) -> int:
+    """Partitions per bag when ``--dask_npartitions`` does not say: a few per worker
+    thread, so that a slow partition does not hold the others up, and not so many that
+    scheduling costs more than the work."""
+    threads = sum(client.nthreads().values())
+    return max(MIN_PARTITIONS, PARTITIONS_PER_THREAD * threads)
+
+
 class DaskRunner(beam_dask.DaskRunner):
     """Runs a pipeline on Dask and waits for it (see the module docstring)."""
 
@@ -120,10 +130,11 @@ class DaskRunner(beam_dask.DaskRunner):
         connection = options.view_as(beam_dask.DaskOptions).get_all_options(
             drop_default=True, current_only=True
         )
-        partitions = beam_dask.DaskOptions._extract_bag_kwargs(connection)
+        bag_options = beam_dask.DaskOptions._extract_bag_kwargs(connection)
         pipeline.replace_all(overrides())
-        graph = DaskGraph(partitions, sibling_par_dos(pipeline))
-        pipeline.visit(graph)
         with connect(connection, options.view_as(LocalClusterOptions).workers) as client:
+            partitions = bag_options.get("npartitions") or default_partitions(client)
+            graph = DaskGraph(bag_options, sibling_par_dos(pipeline), partitions)
+            pipeline.visit(graph)
             bundles = client.gather(client.compute(graph.counters()))
         return FinishedResult(sum_counters(bundles))

@@ -23,6 +23,13 @@ included), and counts come from the task attempts that succeeded, once each (see
 ``DaskGraph``). ``GroupByKey`` is a bag ``groupby`` over the task-based shuffle, which
 works across machines (the disk-based one does not).
 
+Partitions stay within ``partitions`` (``--dask_npartitions``; by default a few per
+worker thread): a ``GroupByKey`` first merges neighbouring partitions down to that
+many, and a ``Reshuffle`` splits a narrower bag up to it. Otherwise every ``Flatten``
+would add its inputs' partitions and every shuffle keep them, so a build with a few
+joins ran on thousands of partitions and a task graph of 10⁵ tasks that filled the
+scheduler's memory.
+
 ``CombinePerKey`` is lifted (partial combining in each bundle, then one merge of the
 accumulators, gathered in one task), as on Beam's other runners; otherwise a per-split
 statistic would send a whole split through one worker. ``Create`` gives each value its
@@ -301,7 +308,9 @@ class DaskGraph(PipelineVisitor):
         self,
         create_partitions: dict[str, int],
         siblings: dict[beam.PCollection, list[AppliedPTransform]],
+        partitions: int,
     ) -> None:
+        self._partitions = partitions
         self._bags: dict[beam.PCollection, db.Bag] = {}
         self._siblings = siblings
         self._sibling_runs: dict[beam.PCollection, db.Bag] = {}
@@ -323,11 +332,12 @@ class DaskGraph(PipelineVisitor):
             self._read_by_par_do[next(iter(node.main_inputs.values()))] += 1
             outputs = self._par_do(node, inputs[0])
         elif kind is _GroupByKeyOnly:
-            outputs = {None: inputs[0].groupby(_key, shuffle="tasks").map(_key_and_values)}
+            grouped = self._at_most(inputs[0]).groupby(_key, shuffle="tasks")
+            outputs = {None: grouped.map(_key_and_values)}
         elif kind is _GatherAccumulators:
             outputs = {None: inputs[0].repartition(npartitions=1).map_partitions(_group_all)}
         elif kind is _Reshuffle:
-            outputs = {None: inputs[0]}
+            outputs = {None: self._at_least(inputs[0])}
         elif kind is _Flatten:
             outputs = {None: db.concat(inputs) if inputs else db.from_sequence([], npartitions=1)}
         else:
@@ -352,6 +362,19 @@ class DaskGraph(PipelineVisitor):
         carried = any(self._read_by_par_do[pcoll] for pcoll in outputs)
         elsewhere = any(self._read[pcoll] > self._read_by_par_do[pcoll] for pcoll in outputs)
         return elsewhere or not carried
+
+    def _at_most(self, bag: db.Bag) -> db.Bag:
+        """``bag`` with neighbouring partitions merged down to ``partitions``."""
+        if bag.npartitions <= self._partitions:
+            return bag
+        return bag.repartition(npartitions=self._partitions)
+
+    def _at_least(self, bag: db.Bag) -> db.Bag:
+        """``bag`` with its partitions split up to ``partitions`` (a redistribution:
+        the few elements that list a build's work, files or their parts, spread out)."""
+        if bag.npartitions >= self._partitions:
+            return bag
+        return bag.repartition(npartitions=self._partitions)
 
     def _create(self, values: list[Any]) -> db.Bag:
         if self._create_partitions:

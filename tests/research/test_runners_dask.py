@@ -20,6 +20,7 @@ import yaml
 from distributed import Client, LocalCluster
 
 from research.data.dask_runner import DaskRunner
+from research.data.dask_translation import DaskGraph, overrides, sibling_par_dos
 from research.data.pipeline import build_dataset
 from research.data.runners import DASK_RUNNER, IN_PROCESS_RUNNER, pipeline_options
 from research.data.spec import load_spec
@@ -145,6 +146,61 @@ def test_a_pipeline_runs_in_the_clusters_worker_processes(cluster: Client) -> No
     assert counters(result, "all") == {"sum": sum(range(40))}  # finish_bundle outputs kept
     assert counters(result, "fours") == {"sum": sum(range(0, 40, 4))}  # only its own tag
     assert counters(result, "count") == {"sum": 40}  # a lifted combiner
+
+
+def _join_rounds(pipeline: beam.Pipeline, rounds: int) -> beam.PCollection:
+    """``rounds`` joins in a row, each a Flatten of two branches and a GroupByKey, as a
+    build's de-duplication chains them; values are (key, total) pairs over keys 0..9."""
+    keyed = (
+        pipeline
+        | beam.Create([range(start, start + 25) for start in range(0, 100, 25)])
+        | beam.FlatMap(lambda numbers: [(n % 10, n) for n in numbers])
+    )
+    for index in range(rounds):
+        doubled = keyed | f"Copy{index}" >> beam.Map(lambda pair: pair)
+        keyed = (
+            (keyed, doubled)
+            | f"Flatten{index}" >> beam.Flatten()
+            | f"Group{index}" >> beam.GroupByKey()
+            | f"Sum{index}" >> beam.MapTuple(lambda key, values: (key, sum(values)))
+        )
+    return keyed
+
+
+def test_joins_in_a_row_stay_within_the_partition_bound(cluster: Client) -> None:
+    pipeline = beam.Pipeline(options=pipeline_options(["--runner", "dask"]))
+    _ = _join_rounds(pipeline, rounds=6)
+    pipeline.replace_all(overrides())
+    graph = DaskGraph({}, sibling_par_dos(pipeline), partitions=4)
+    pipeline.visit(graph)
+    widest = max(bag.npartitions for bag in graph._bags.values())
+    assert widest <= 2 * 4  # a Flatten of two bounded bags, before the next shuffle
+    tasks = sum(len(bag.__dask_graph__()) for bag in graph.counters())
+    assert tasks < 5_000  # unbounded: 289 partitions and 54,636 tasks
+
+    options = pipeline_options(["--runner", "DaskRunner", "--dask_client_address",
+                                cluster.scheduler.address, "--dask_npartitions", "4"])  # fmt: skip
+    pipeline = beam.Pipeline(options=options)
+    totals = _join_rounds(pipeline, rounds=6)
+    _ = totals | beam.MapTuple(lambda key, total: beam.metrics.Metrics.counter(
+        "totals", str(key)).inc(total))  # fmt: skip
+    result = pipeline.run()
+    expected = {str(key): sum(n for n in range(100) if n % 10 == key) * 2**6 for key in range(10)}
+    assert counters(result, "totals") == expected
+
+
+def test_a_reshuffle_spreads_a_short_list_of_work_over_partitions(cluster: Client) -> None:
+    # One element (a file) fans out to 40 (its parts) in one partition; the Reshuffle
+    # after it must spread those parts over the partitions, so that workers share them.
+    pipeline = beam.Pipeline(options=pipeline_options(["--runner", "dask"]))
+    parts = pipeline | beam.Create([40]) | beam.FlatMap(lambda count: list(range(count)))
+    spread = parts | beam.Reshuffle() | "Read" >> beam.Map(lambda part: part)
+    pipeline.replace_all(overrides())
+    graph = DaskGraph({}, sibling_par_dos(pipeline), partitions=8)
+    pipeline.visit(graph)
+    assert graph._bags[parts.producer.outputs[None]].npartitions == 1
+    sizes = cluster.compute(graph._bags[spread].map_partitions(lambda part: [len(part)]))
+    assert sizes.result() == [5] * 8
 
 
 def _fail(element: int) -> int:
