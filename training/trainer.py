@@ -15,9 +15,15 @@ aggregation; the loss-scale wrapper skips an update whose reduced gradients are 
 finite, the same decision on every replica, and counters of skipped updates live in
 variables so that a multi-update execution keeps count inside the graph.
 
+Every replica reads its own batches: the input is a distributed dataset whose global
+batch of each update is split across the replicas of every worker, so R replicas see the
+examples one device would see with the same global batch, and make its update.
+
 Everything a resumed run needs to make bit-identical updates — weights, optimizer slots
 and step, the loss scale, the learning-rate scale, dropout RNG state (``checkpointed``)
-and the input iterator's position (``iterator``) — is a checkpointable object here.
+and the input's position (``input_position``) — is a checkpointable object here. The
+position is a count of micro-batches: the input stream is rebuilt from it
+(``seek_input``), so a checkpoint never holds a shuffle buffer.
 """
 
 from __future__ import annotations
@@ -48,20 +54,20 @@ class Execution:
     stop_requested: bool  # some worker asked to stop
 
 
-def micro_batch_sizes(config: ExperimentConfig, workers: int) -> tuple[int, int]:
-    """The global and the per-worker micro-batch of one update.
+def micro_batch_sizes(config: ExperimentConfig, replicas: int) -> tuple[int, int]:
+    """The global and the per-replica micro-batch of one update.
 
-    ``data.batch_size`` is one update's batch across every worker and accumulated
+    ``data.batch_size`` is one update's batch across every replica and accumulated
     micro-batch, so it must split evenly both ways.
     """
     accumulation = config.training.gradient_accumulation
-    if config.data.batch_size % (accumulation * workers):
+    if config.data.batch_size % (accumulation * replicas):
         raise TrainingSetupError(
             f"data.batch_size: {config.data.batch_size} is not divisible by "
-            f"gradient_accumulation x workers = {accumulation * workers}"
+            f"gradient_accumulation x replicas = {accumulation * replicas}"
         )
     global_micro_batch = config.data.batch_size // accumulation
-    return global_micro_batch, global_micro_batch // workers
+    return global_micro_batch, global_micro_batch // replicas
 
 
 def configure_determinism(config: ExperimentConfig) -> None:
@@ -138,7 +144,7 @@ class Trainer:
         self, task: ExperimentTask, strategy: tf.distribute.Strategy, role: WorkerRole
     ) -> None:
         config, training = task.config, task.config.training
-        global_micro_batch, worker_micro_batch = micro_batch_sizes(config, role.count)
+        global_micro_batch, _ = micro_batch_sizes(config, strategy.num_replicas_in_sync)
         self.task = task
         self.strategy = strategy
         self.role = role
@@ -148,19 +154,10 @@ class Trainer:
         self.loss_only_finiteness = needs_loss_scaling(self.precision)
         configure_determinism(config)
         apply_precision(self.precision)
-        context = tf.distribute.InputContext(
-            num_input_pipelines=role.count,
-            input_pipeline_id=role.index,
-            num_replicas_in_sync=strategy.num_replicas_in_sync,
-        )
-        self.iterator = iter(
-            task.build_inputs(
-                config.data.train_split,
-                batch_size=worker_micro_batch,
-                training=True,
-                input_context=context,
-            )
-        )
+        self.global_micro_batch = global_micro_batch
+        # Micro-batches this run has consumed (each a global batch across the replicas).
+        self.input_position = tf.Variable(0, trainable=False, dtype=tf.int64, name="position")
+        self.iterator = self._input_iterator(0)
         with strategy.scope():
             self.model = task.build_model()
             self.lr_scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="lr_scale")
@@ -193,7 +190,7 @@ class Trainer:
 
     @property
     def checkpointed(self) -> dict[str, Any]:
-        """The objects a checkpoint must hold (the iterator has its own, per worker)."""
+        """The objects a checkpoint must hold (the input position has its own, per worker)."""
         return {
             "model": self.model,
             "optimizer": self.optimizer,
@@ -215,6 +212,31 @@ class Trainer:
         """Start counting non-finite updates in a row afresh (after a restore)."""
         self._consecutive_nonfinite.assign(0)
 
+    def seek_input(self) -> None:
+        """Read the input from ``input_position`` on (after restoring it)."""
+        self.iterator = self._input_iterator(int(self.input_position.numpy()))
+
+    def _input_iterator(self, position: int) -> Any:
+        """The distributed input from micro-batch ``position`` on.
+
+        Each worker's pipeline yields per-replica batches of its own replicas (one each
+        per micro-batch), cut from the same global stream, which
+        ``distribute_datasets_from_function`` hands to the replicas in turn.
+        """
+        task, split = self.task, self.task.config.data.train_split
+        global_micro_batch = self.global_micro_batch
+
+        def pipeline(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            return task.build_inputs(
+                split,
+                batch_size=context.get_per_replica_batch_size(global_micro_batch),
+                training=True,
+                input_context=context,
+                start_batch=position * context.num_replicas_in_sync,
+            )
+
+        return iter(self.strategy.distribute_datasets_from_function(pipeline))
+
     # -- training ----------------------------------------------------------------------
     def train(self, num_updates: int, *, stop_requested: bool) -> Execution:
         """Run ``num_updates`` updates in one compiled execution.
@@ -225,6 +247,7 @@ class Trainer:
         loss, norm, stop, rate = self._execute(
             self.iterator, tf.constant(num_updates), tf.constant(float(stop_requested))
         )
+        self.input_position.assign_add(num_updates * self.accumulation)
         return Execution(float(loss), float(norm), float(rate), float(stop) > 0)
 
     def _compile_execution(self) -> Any:

@@ -125,12 +125,16 @@ class ExperimentTask:
         batch_size: int,
         training: bool = False,
         input_context: tf.distribute.InputContext | None = None,
+        start_batch: int = 0,
     ) -> tf.data.Dataset:
         """Batches of ``(features, {head: labels})`` from ``split``.
 
-        ``training``: the endless, shuffled and augmented stream of one input pipeline
-        (``input_context`` says which), in full batches. Otherwise one ordered pass.
-        A language model gets next-token pairs of its text input.
+        ``training``: the endless, shuffled and augmented stream in full batches of
+        ``batch_size`` (per replica), beginning at batch ``start_batch`` of the whole
+        stream; with ``input_context`` only the batches of that pipeline's replicas, each
+        global batch split across every replica (see ``make_dataset``'s
+        ``split_global_batches``). Otherwise one ordered pass. A language model gets
+        next-token pairs of its text input.
         """
         data = self.config.data
         options: dict[str, Any] = {"verify": "size", "shuffle": False}
@@ -150,6 +154,8 @@ class ExperimentTask:
                 "cache": data.cache,
                 "shuffle_buffer": data.shuffle_buffer,
                 "input_context": input_context,
+                "split_global_batches": input_context is not None,
+                "start_batch": start_batch,
                 "augment": augment,
                 "token_dropout": data.token_dropout,
                 "drop_remainder": True,
