@@ -157,7 +157,7 @@ class Trainer:
         self.global_micro_batch = global_micro_batch
         # Micro-batches this run has consumed (each a global batch across the replicas).
         self.input_position = tf.Variable(0, trainable=False, dtype=tf.int64, name="position")
-        self.iterator = self._input_iterator(0)
+        self.iterator = self.input_iterator(0)
         with strategy.scope():
             self.model = task.build_model()
             self.lr_scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="lr_scale")
@@ -214,9 +214,9 @@ class Trainer:
 
     def seek_input(self) -> None:
         """Read the input from ``input_position`` on (after restoring it)."""
-        self.iterator = self._input_iterator(int(self.input_position.numpy()))
+        self.iterator = self.input_iterator(int(self.input_position.numpy()))
 
-    def _input_iterator(self, position: int) -> Any:
+    def input_iterator(self, position: int) -> Any:
         """The distributed input from micro-batch ``position`` on.
 
         Each worker's pipeline yields per-replica batches of its own replicas (one each
