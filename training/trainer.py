@@ -180,8 +180,8 @@ class Trainer:
         self._losses = per_example_losses(task.build_losses())
         self._loss_weights = task.loss_weights
         self._execute = self._compile_execution()
-        # Traced once per run, not once per evaluation.
-        self._predict = tf.function(lambda features: self.model(features, training=False))
+        self._evaluation = self._build_evaluation()
+        self._evaluate_batch = self._compile_evaluation()  # traced once per run
 
     # -- state the Controller reads, keeps and repairs ------------------------------------
     @property
@@ -352,30 +352,71 @@ class Trainer:
     def evaluate(self, split: str) -> dict[str, float]:
         """Loss and metrics of the current weights on one split (see ``evaluation_names``).
 
-        Every worker runs the same ordered pass: reading batch-norm statistics (kept per
-        replica) averages them across workers, a collective all of them must join.
+        Sharded as training is: each replica of each worker evaluates its slice of every
+        global batch, and the sums meet in the metrics' cross-replica reduction. The
+        stream's last global batch is completed with padding records (so every replica
+        runs as many batches, as collectives require), which a mask leaves out.
         """
-        losses = self.task.build_losses()
-        weights = self.task.loss_weights
-        metrics = self.task.build_metrics()
-        sums = dict.fromkeys(losses, 0.0)
-        count = 0
-        dataset = self.task.build_inputs(split, batch_size=self.task.config.data.batch_size)
-        for features, labels in dataset:
-            outputs = self._predict(features)
-            batch = int(next(iter(labels.values())).shape[0])
-            count += batch
-            for name, loss in losses.items():
-                sums[name] += float(loss(labels[name], outputs[name])) * batch
-            for name, items in metrics.items():
-                for metric in items:
-                    metric.update_state(labels[name], outputs[name])
-        examples = max(count, 1)
-        results = {"loss": sum(sums[name] * weights[name] for name in losses) / examples}
+        task, strategy = self.task, self.strategy
+        per_replica = task.config.data.batch_size // strategy.num_replicas_in_sync
+        dataset = strategy.distribute_datasets_from_function(
+            lambda context: task.build_inputs(split, batch_size=per_replica, input_context=context)
+        )
+        losses, metrics, count = self._evaluation
+        for metric in [*losses.values(), *(m for items in metrics.values() for m in items), count]:
+            metric.reset_state()
+        records = tf.constant(task.manifest.splits[split].num_records, tf.int64)
+        for index, (features, labels) in enumerate(dataset):
+            self._evaluate_batch(features, labels, tf.constant(index, tf.int64), records)
+        weights = task.loss_weights
+        results = {"loss": sum(float(losses[name].result()) * weights[name] for name in losses)}
         for name, items in metrics.items():
             if len(losses) > 1:
-                results[f"{name}_loss"] = sums[name] / examples
+                results[f"{name}_loss"] = float(losses[name].result())
             for metric in items:
                 results[f"{name}_{metric.name}"] = float(metric.result())
-        results["examples"] = float(count)
+        results["examples"] = float(count.result())
         return results
+
+    def _build_evaluation(self) -> tuple[dict[str, Any], dict[str, list[Any]], Any]:
+        """Per-head loss means, the task's metrics and an example count, built once (under
+        the strategy, so that reading them sums every replica's part)."""
+        with self.strategy.scope():
+            losses = {name: keras.metrics.Mean(name=f"{name}_loss") for name in self._losses}
+            return losses, self.task.build_metrics(), keras.metrics.Sum(name="examples")
+
+    def _compile_evaluation(self) -> Any:
+        strategy = self.strategy
+
+        @tf.function
+        def evaluate_batch(
+            features: Any, labels: Any, index: tf.Tensor, records: tf.Tensor
+        ) -> None:
+            strategy.run(self._evaluate_replica, args=(features, labels, index, records))
+
+        return evaluate_batch
+
+    def _evaluate_replica(
+        self, features: Any, labels: Any, index: tf.Tensor, records: tf.Tensor
+    ) -> None:
+        """Add one replica's batch ``index`` to the metrics, without its padding records."""
+        context = tf.distribute.get_replica_context()
+        size = tf.shape(next(iter(labels.values())), out_type=tf.int64)[0]
+        replica = tf.cast(context.replica_id_in_sync_group, tf.int64)
+        first = (index * self.strategy.num_replicas_in_sync + replica) * size
+        mask = tf.cast(first + tf.range(size) < records, tf.float32)
+        outputs = self.model(features, training=False)
+        losses, metrics, count = self._evaluation
+        for name, loss in self._losses.items():
+            value = tf.cast(loss(labels[name], outputs[name]), tf.float32)
+            while value.shape.rank and value.shape.rank > 1:
+                value = tf.reduce_mean(value, axis=-1)
+            losses[name].update_state(value, sample_weight=mask)
+        for name, items in metrics.items():
+            rank = labels[name].shape.rank
+            weight = tf.broadcast_to(
+                tf.reshape(mask, [-1] + [1] * (rank - 1)), tf.shape(labels[name])
+            )
+            for metric in items:
+                metric.update_state(labels[name], outputs[name], sample_weight=weight)
+        count.update_state(tf.reduce_sum(mask))

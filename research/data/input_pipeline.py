@@ -451,7 +451,10 @@ def make_dataset(
     global batches, batch ``i`` belongs to replica ``i % replicas``, and ``start_batch``
     counts batches of the whole stream. The global batch of every step then holds the
     same examples, and the same augmentation, whichever workers share the replicas;
-    reading is repeated on every worker, decoding is not.
+    reading is repeated on every worker, decoding is not. Without ``repeat`` the last
+    global batch is completed with records from the start of the split, so that every
+    replica reads as many batches: whatever follows the split's ``num_records`` records
+    in the stream is padding for the reader to leave out.
 
     ``deterministic=False`` lets decoded batches arrive in whatever order they are
     ready, so one slow batch does not hold up the others; each batch keeps its records
@@ -519,6 +522,9 @@ def make_dataset(
     else:
         epochs = tf.data.Dataset.range(1)
     stream = epochs.flat_map(epoch).skip(skipped)
+    if split_global_batches and not repeat:
+        global_records = batch_size * input_context.num_replicas_in_sync
+        stream = stream.concatenate(records.repeat().take(-epoch_records % global_records))
     batches = tf.data.Dataset.zip(
         tf.data.Dataset.counter(start_batch),
         stream.batch(batch_size, drop_remainder=drop_remainder),

@@ -133,11 +133,18 @@ class ExperimentTask:
         ``batch_size`` (per replica), beginning at batch ``start_batch`` of the whole
         stream; with ``input_context`` only the batches of that pipeline's replicas, each
         global batch split across every replica (see ``make_dataset``'s
-        ``split_global_batches``). Otherwise one ordered pass. A language model gets
-        next-token pairs of its text input.
+        ``split_global_batches``). Otherwise one ordered pass, split the same way with
+        ``input_context``, its last global batch completed by padding records that
+        follow the split's ``num_records``. A language model gets next-token pairs of
+        its text input.
         """
         data = self.config.data
-        options: dict[str, Any] = {"verify": "size", "shuffle": False}
+        options: dict[str, Any] = {
+            "verify": "size",
+            "shuffle": False,
+            "input_context": input_context,
+            "split_global_batches": input_context is not None,
+        }
         if training:
             augment = None
             if data.augment is not None:
