@@ -42,6 +42,7 @@ from training.distribution import WorkerRole
 from training.errors import TrainingSetupError
 from training.optimization import build_optimizer
 from training.precision import apply_precision, needs_loss_scaling, resolve_precision
+from training.verification import record_verification, training_verification
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,11 @@ class Trainer:
         self.global_micro_batch = global_micro_batch
         # Micro-batches this run has consumed (each a global batch across the replicas).
         self.input_position = tf.Variable(0, trainable=False, dtype=tf.int64, name="position")
+        self._verify = training_verification(task)
         self.iterator = self.input_iterator(0)
+        if self._verify == "sha256" and role.is_chief:
+            record_verification(task)
+        self._verify = "size"  # verified for every later reader of this process
         with strategy.scope():
             self.model = task.build_model()
             self.lr_scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="lr_scale")
@@ -233,6 +238,7 @@ class Trainer:
                 training=True,
                 input_context=context,
                 start_batch=position * context.num_replicas_in_sync,
+                verify=self._verify,
             )
 
         return iter(self.strategy.distribute_datasets_from_function(pipeline))

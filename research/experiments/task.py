@@ -126,6 +126,7 @@ class ExperimentTask:
         training: bool = False,
         input_context: tf.distribute.InputContext | None = None,
         start_batch: int = 0,
+        verify: Verify | None = None,
     ) -> tf.data.Dataset:
         """Batches of ``(features, {head: labels})`` from ``split``.
 
@@ -133,7 +134,8 @@ class ExperimentTask:
         ``batch_size`` (per replica), beginning at batch ``start_batch`` of the whole
         stream; with ``input_context`` only the batches of that pipeline's replicas, each
         global batch split across every replica (see ``make_dataset``'s
-        ``split_global_batches``). Otherwise one ordered pass, split the same way with
+        ``split_global_batches``), its shards checked as far as ``verify`` says (default:
+        the task's ``verify``). Otherwise one ordered pass, split the same way with
         ``input_context``, its last global batch completed by padding records that
         follow the split's ``num_records``. A language model gets next-token pairs of
         its text input.
@@ -154,7 +156,7 @@ class ExperimentTask:
                     brightness_delta=data.augment.brightness,
                 )
             options = {
-                "verify": self.verify,
+                "verify": self.verify if verify is None else verify,
                 "shuffle": True,
                 "seed": self.config.seed,
                 "repeat": True,
