@@ -110,6 +110,13 @@ def per_example_losses(losses: Mapping[str, keras.losses.Loss]) -> dict[str, ker
     return unreduced
 
 
+def per_example(losses: tf.Tensor) -> tf.Tensor:
+    """One loss per example: a sequence's token losses averaged, as a batch mean would."""
+    while losses.shape.rank and losses.shape.rank > 1:
+        losses = tf.reduce_mean(losses, axis=-1)
+    return losses
+
+
 def evaluation_names(task: ExperimentTask) -> list[str]:
     """The values :meth:`Trainer.evaluate` reports besides ``examples``.
 
@@ -298,9 +305,7 @@ class Trainer:
         """Weighted sum of every head's loss, one value per example."""
         total = None
         for name, loss in self._losses.items():
-            value = loss(labels[name], outputs[name])
-            while value.shape.rank and value.shape.rank > 1:
-                value = tf.reduce_mean(value, axis=-1)
+            value = per_example(loss(labels[name], outputs[name]))
             value = tf.cast(value, tf.float32) * self._loss_weights.get(name, 1.0)
             total = value if total is None else total + value
         return total
@@ -414,9 +419,7 @@ class Trainer:
         outputs = self.model(features, training=False)
         losses, metrics, count = self._evaluation
         for name, loss in self._losses.items():
-            value = tf.cast(loss(labels[name], outputs[name]), tf.float32)
-            while value.shape.rank and value.shape.rank > 1:
-                value = tf.reduce_mean(value, axis=-1)
+            value = tf.cast(per_example(loss(labels[name], outputs[name])), tf.float32)
             losses[name].update_state(value, sample_weight=mask)
         for name, items in metrics.items():
             rank = labels[name].shape.rank
