@@ -1,6 +1,7 @@
 """One training process on several logical CPU devices, reporting what each replica read.
 
     python -m tests.training.replica_worker EXPERIMENT OUT --devices N [--record-steps K]
+        [--stop-at S]
 
 Logical devices must be configured before TensorFlow initialises its devices, so this
 runs as a fresh process. With ``TF_CONFIG`` naming several workers it is one worker of a
@@ -10,7 +11,9 @@ be shown GPUs: the trainer runs exactly the code it runs with several GPUs per w
 
 It writes ``OUT/worker-<i>.json``: for each of the first K updates and each replica of
 this worker (by its global replica id), the SHA-256 of every example the replica was
-fed; and ``OUT/weights-<i>.npz``, the weights after training.
+fed; and ``OUT/weights-<i>.npz``, the weights after training. With ``--stop-at S``
+training stops at step S and a new Trainer, built afresh, resumes the run from its
+checkpoint to the end, as a restarted process would.
 """
 
 from __future__ import annotations
@@ -55,8 +58,11 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--devices", type=int, required=True)
     parser.add_argument("--record-steps", type=int, default=3)
+    parser.add_argument("--stop-at", type=int)
     args = parser.parse_args()
     use_logical_cpus(args.devices)
+
+    import tf_keras as keras
 
     from research.experiments import load_experiment
     from research.experiments.task import ExperimentTask
@@ -81,6 +87,11 @@ def main() -> None:
                 for i, batch in enumerate(per_replica)
             }
         )
+    if args.stop_at is not None:
+        with Controller(trainer, eval_every_steps=None, progress=False) as controller:
+            assert controller.train(until_step=args.stop_at).step == args.stop_at
+        keras.backend.clear_session()
+        trainer = Trainer(task, strategy, role)
     with Controller(trainer, eval_every_steps=None, progress=False) as controller:
         outcome = controller.train()
         held_out = controller.evaluate(task.config.data.eval_split)

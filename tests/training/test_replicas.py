@@ -28,11 +28,15 @@ def dataset(tmp_path_factory):
 
 
 def start_worker(
-    experiment: Path, out: Path, devices: int, env: dict[str, str] | None = None
+    experiment: Path,
+    out: Path,
+    devices: int,
+    env: dict[str, str] | None = None,
+    options: tuple[str, ...] = (),
 ) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.training.replica_worker", str(experiment), str(out)]
-        + ["--devices", str(devices)],
+        + ["--devices", str(devices), *options],
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -52,13 +56,20 @@ def finish(processes: list[subprocess.Popen]) -> None:
 
 
 def train(
-    tmp_path: Path, dataset: Path, name: str, *, devices: int, workers: int = 1, **settings
+    tmp_path: Path,
+    dataset: Path,
+    name: str,
+    *,
+    devices: int,
+    workers: int = 1,
+    options: tuple[str, ...] = (),
+    **settings,
 ) -> tuple[list[np.ndarray], list[dict]]:
     """Train in fresh processes; the chief's weights and every worker's report."""
     experiment = write_experiment(tmp_path / name, dataset, training__steps=STEPS, **settings)
     out = tmp_path / name / "out"
     if workers == 1:
-        finish([start_worker(experiment, out, devices)])
+        finish([start_worker(experiment, out, devices, options=options)])
     else:
         ports = free_ports(workers)
         finish(
@@ -127,3 +138,12 @@ def test_replicas_read_their_own_examples_and_make_the_one_device_update(
     for report in reports:  # evaluation under the strategy sees the whole split once
         assert report["validation"]["examples"] == single["validation"]["examples"]
         assert report["validation"]["loss"] == pytest.approx(single["validation"]["loss"], rel=1e-4)
+
+
+def test_replicas_resume_bit_for_bit(tmp_path, dataset):
+    settings = dict(devices=2, model__dropout=0.2, checkpoint__every_steps=4)
+    straight, _ = train(tmp_path, dataset, "straight", **settings)
+    resumed, _ = train(tmp_path, dataset, "resumed", options=("--stop-at", "6"), **settings)
+
+    for got, want in zip(resumed, straight, strict=True):
+        np.testing.assert_array_equal(got, want)
