@@ -64,10 +64,11 @@ def choose_strategy(role: WorkerRole | None = None) -> tf.distribute.Strategy:
         )
         return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     gpus = tf.config.list_logical_devices("GPU")
-    nccl = bool(gpus) and nccl_available()
     if len(gpus) > 1:
         reduce = (
-            tf.distribute.NcclAllReduce() if nccl else tf.distribute.HierarchicalCopyAllReduce()
+            tf.distribute.NcclAllReduce()
+            if nccl_available()
+            else tf.distribute.HierarchicalCopyAllReduce()
         )
         return tf.distribute.MirroredStrategy([gpu.name for gpu in gpus], cross_device_ops=reduce)
     cpus = tf.config.list_logical_devices("CPU")
