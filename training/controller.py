@@ -6,7 +6,7 @@ evaluation or the end falls), and between executions it logs, checkpoints, answe
 preemption and recovers from non-finite losses; nothing interrupts an update half-way.
 
 Everything a resumed run needs to make bit-identical updates is in its checkpoints:
-what the Trainer lists as ``checkpointed`` and each worker's input-iterator position,
+what the Trainer lists as ``checkpointed`` and each worker's input position,
 which is saved *before* the checkpoint whose commit marker makes a step resumable. So a
 run killed at any moment continues exactly from its latest committed checkpoint, and a
 run that starts from another run's checkpoint (``initialize_from``, how a Hyperband
@@ -109,7 +109,7 @@ class Controller:
         )
         self.input_keeper = CheckpointKeeper(
             input_directory(config.checkpoint_path, role.index),
-            tf.train.Checkpoint(iterator=trainer.iterator),
+            tf.train.Checkpoint(position=trainer.input_position),
             # One more than the main checkpoints: it is saved first, so a kill right after
             # it must still leave the position of the previous committed step.
             keep=config.checkpoint.keep + 1,
@@ -233,25 +233,46 @@ class Controller:
         """Resume from this run's newest committed checkpoint, else start from
         ``initialize_from``'s; the step restored, or None for a fresh start."""
         self._evaluations.clear()
-        step = self.keeper.restore_latest()
+        own = self.keeper.directory
+        step = self.keeper.restore_latest(requires=self._input_restorer(own))
         if step is not None:
-            if self.input_keeper.restore(step) is None:
-                self.log.event(
-                    step, "no saved input position for this worker; reading from the start"
-                )
+            self.trainer.seek_input()
             self.log.event(step, f"resumed from checkpoint at step {step}")
             return step
         if self.initialize_from is None:
             return None
         source = self.initialize_from
-        step = CheckpointKeeper(source, self.keeper.checkpoint, keep=1).restore_latest()
+        start = CheckpointKeeper(source, self.keeper.checkpoint, keep=1)
+        step = start.restore_latest(requires=self._input_restorer(source))
         if step is None:
             raise TrainingSetupError(f"{source}: no committed checkpoint to start from")
-        position = input_directory(source, self.trainer.role.index)
-        if CheckpointKeeper(position, self.input_keeper.checkpoint, keep=1).restore(step) is None:
-            self.log.event(step, f"no saved input position in {position}; reading from the start")
+        self.trainer.seek_input()
         self.log.event(step, f"started from {source} at step {step}")
         return step
+
+    def _input_restorer(self, checkpoint_dir: Path) -> Callable[[int], str | None]:
+        """What ``restore_latest`` asks of a step: every worker's input position at that
+        step is sound (so every worker settles on the same step), and this worker's is
+        restored. Weights without their input position would read the wrong batches."""
+        role = self.trainer.role
+        positions = self.input_keeper.checkpoint
+
+        def restore_input(step: int) -> str | None:
+            for worker in range(role.count):
+                directory = input_directory(checkpoint_dir, worker)
+                problem = CheckpointKeeper(directory, positions, keep=1).problem(step)
+                if problem is not None:
+                    return f"the input position of worker {worker} is unusable: {problem}"
+            keeper = self.input_keeper
+            if checkpoint_dir != self.keeper.directory:
+                keeper = CheckpointKeeper(
+                    input_directory(checkpoint_dir, role.index), positions, keep=1
+                )
+            if keeper.restore(step) is None:
+                return f"the input position of worker {role.index} cannot be restored"
+            return None
+
+        return restore_input
 
     def _finite_enough(self) -> bool:
         """After too many non-finite updates in a row, go back to the last checkpoint.

@@ -1,14 +1,19 @@
 """Picking the distribution strategy from what the process can see.
 
 Several workers named in ``TF_CONFIG`` mean ``MultiWorkerMirroredStrategy`` (the local
-launcher and Kubeflow's TFJob both set it); several local GPUs mean
-``MirroredStrategy``; otherwise the default single-device strategy.
+launcher and Kubeflow's TFJob both set it), with every local GPU of each worker as a
+replica; several local GPUs mean ``MirroredStrategy``; several logical CPU devices
+(configured with ``tf.config.set_logical_device_configuration`` before TensorFlow
+starts) mean ``MirroredStrategy`` over them; otherwise the default single-device
+strategy. Gradients are all-reduced with NCCL on GPUs, and with TensorFlow's ring
+collectives only where there is no GPU or the build has no NCCL.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -40,14 +45,33 @@ def worker_role(environ: dict[str, str] | None = None) -> WorkerRole:
     return WorkerRole(int(task.get("index", 0)) + len(chiefs), count)
 
 
+def nccl_available() -> bool:
+    """Whether this TensorFlow build can all-reduce with NCCL (Linux CUDA/ROCm builds)."""
+    info = tf.sysconfig.get_build_info()
+    gpu_build = info.get("is_cuda_build", False) or info.get("is_rocm_build", False)
+    return sys.platform == "linux" and bool(gpu_build)
+
+
 def choose_strategy(role: WorkerRole | None = None) -> tf.distribute.Strategy:
     role = role or worker_role()
     if role.count > 1:
+        # Physical devices: listing logical ones would start the runtime, and collectives
+        # must be configured before it starts.
+        nccl = bool(tf.config.list_physical_devices("GPU")) and nccl_available()
+        implementations = tf.distribute.experimental.CommunicationImplementation
         options = tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING
+            implementation=implementations.NCCL if nccl else implementations.RING
         )
         return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     gpus = tf.config.list_logical_devices("GPU")
     if len(gpus) > 1:
-        return tf.distribute.MirroredStrategy()
+        reduce = (
+            tf.distribute.NcclAllReduce()
+            if nccl_available()
+            else tf.distribute.HierarchicalCopyAllReduce()
+        )
+        return tf.distribute.MirroredStrategy([gpu.name for gpu in gpus], cross_device_ops=reduce)
+    cpus = tf.config.list_logical_devices("CPU")
+    if len(cpus) > 1:
+        return tf.distribute.MirroredStrategy([cpu.name for cpu in cpus])
     return tf.distribute.get_strategy()

@@ -15,9 +15,15 @@ aggregation; the loss-scale wrapper skips an update whose reduced gradients are 
 finite, the same decision on every replica, and counters of skipped updates live in
 variables so that a multi-update execution keeps count inside the graph.
 
+Every replica reads its own batches: the input is a distributed dataset whose global
+batch of each update is split across the replicas of every worker, so R replicas see the
+examples one device would see with the same global batch, and make its update.
+
 Everything a resumed run needs to make bit-identical updates — weights, optimizer slots
 and step, the loss scale, the learning-rate scale, dropout RNG state (``checkpointed``)
-and the input iterator's position (``iterator``) — is a checkpointable object here.
+and the input's position (``input_position``) — is a checkpointable object here. The
+position is a count of micro-batches: the input stream is rebuilt from it
+(``seek_input``), so a checkpoint never holds a shuffle buffer.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from training.distribution import WorkerRole
 from training.errors import TrainingSetupError
 from training.optimization import build_optimizer
 from training.precision import apply_precision, needs_loss_scaling, resolve_precision
+from training.verification import record_verification, training_verification
 
 
 @dataclass(frozen=True)
@@ -48,20 +55,20 @@ class Execution:
     stop_requested: bool  # some worker asked to stop
 
 
-def micro_batch_sizes(config: ExperimentConfig, workers: int) -> tuple[int, int]:
-    """The global and the per-worker micro-batch of one update.
+def micro_batch_sizes(config: ExperimentConfig, replicas: int) -> tuple[int, int]:
+    """The global and the per-replica micro-batch of one update.
 
-    ``data.batch_size`` is one update's batch across every worker and accumulated
+    ``data.batch_size`` is one update's batch across every replica and accumulated
     micro-batch, so it must split evenly both ways.
     """
     accumulation = config.training.gradient_accumulation
-    if config.data.batch_size % (accumulation * workers):
+    if config.data.batch_size % (accumulation * replicas):
         raise TrainingSetupError(
             f"data.batch_size: {config.data.batch_size} is not divisible by "
-            f"gradient_accumulation x workers = {accumulation * workers}"
+            f"gradient_accumulation x replicas = {accumulation * replicas}"
         )
     global_micro_batch = config.data.batch_size // accumulation
-    return global_micro_batch, global_micro_batch // workers
+    return global_micro_batch, global_micro_batch // replicas
 
 
 def configure_determinism(config: ExperimentConfig) -> None:
@@ -103,6 +110,13 @@ def per_example_losses(losses: Mapping[str, keras.losses.Loss]) -> dict[str, ker
     return unreduced
 
 
+def per_example(losses: tf.Tensor) -> tf.Tensor:
+    """One loss per example: a sequence's token losses averaged, as a batch mean would."""
+    while losses.shape.rank and losses.shape.rank > 1:
+        losses = tf.reduce_mean(losses, axis=-1)
+    return losses
+
+
 def evaluation_names(task: ExperimentTask) -> list[str]:
     """The values :meth:`Trainer.evaluate` reports besides ``examples``.
 
@@ -138,7 +152,7 @@ class Trainer:
         self, task: ExperimentTask, strategy: tf.distribute.Strategy, role: WorkerRole
     ) -> None:
         config, training = task.config, task.config.training
-        global_micro_batch, worker_micro_batch = micro_batch_sizes(config, role.count)
+        global_micro_batch, _ = micro_batch_sizes(config, strategy.num_replicas_in_sync)
         self.task = task
         self.strategy = strategy
         self.role = role
@@ -148,19 +162,14 @@ class Trainer:
         self.loss_only_finiteness = needs_loss_scaling(self.precision)
         configure_determinism(config)
         apply_precision(self.precision)
-        context = tf.distribute.InputContext(
-            num_input_pipelines=role.count,
-            input_pipeline_id=role.index,
-            num_replicas_in_sync=strategy.num_replicas_in_sync,
-        )
-        self.iterator = iter(
-            task.build_inputs(
-                config.data.train_split,
-                batch_size=worker_micro_batch,
-                training=True,
-                input_context=context,
-            )
-        )
+        self.global_micro_batch = global_micro_batch
+        # Micro-batches this run has consumed (each a global batch across the replicas).
+        self.input_position = tf.Variable(0, trainable=False, dtype=tf.int64, name="position")
+        self._verify = training_verification(task)
+        self.iterator = self.input_iterator(0)
+        if self._verify == "sha256" and role.is_chief:
+            record_verification(task)
+        self._verify = "size"  # verified for every later reader of this process
         with strategy.scope():
             self.model = task.build_model()
             self.lr_scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="lr_scale")
@@ -183,8 +192,8 @@ class Trainer:
         self._losses = per_example_losses(task.build_losses())
         self._loss_weights = task.loss_weights
         self._execute = self._compile_execution()
-        # Traced once per run, not once per evaluation.
-        self._predict = tf.function(lambda features: self.model(features, training=False))
+        self._evaluation = self._build_evaluation()
+        self._evaluate_batch = self._compile_evaluation()  # traced once per run
 
     # -- state the Controller reads, keeps and repairs ------------------------------------
     @property
@@ -193,7 +202,7 @@ class Trainer:
 
     @property
     def checkpointed(self) -> dict[str, Any]:
-        """The objects a checkpoint must hold (the iterator has its own, per worker)."""
+        """The objects a checkpoint must hold (the input position has its own, per worker)."""
         return {
             "model": self.model,
             "optimizer": self.optimizer,
@@ -215,6 +224,32 @@ class Trainer:
         """Start counting non-finite updates in a row afresh (after a restore)."""
         self._consecutive_nonfinite.assign(0)
 
+    def seek_input(self) -> None:
+        """Read the input from ``input_position`` on (after restoring it)."""
+        self.iterator = self.input_iterator(int(self.input_position.numpy()))
+
+    def input_iterator(self, position: int) -> Any:
+        """The distributed input from micro-batch ``position`` on.
+
+        Each worker's pipeline yields per-replica batches of its own replicas (one each
+        per micro-batch), cut from the same global stream, which
+        ``distribute_datasets_from_function`` hands to the replicas in turn.
+        """
+        task, split = self.task, self.task.config.data.train_split
+        global_micro_batch = self.global_micro_batch
+
+        def pipeline(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            return task.build_inputs(
+                split,
+                batch_size=context.get_per_replica_batch_size(global_micro_batch),
+                training=True,
+                input_context=context,
+                start_batch=position * context.num_replicas_in_sync,
+                verify=self._verify,
+            )
+
+        return iter(self.strategy.distribute_datasets_from_function(pipeline))
+
     # -- training ----------------------------------------------------------------------
     def train(self, num_updates: int, *, stop_requested: bool) -> Execution:
         """Run ``num_updates`` updates in one compiled execution.
@@ -225,6 +260,7 @@ class Trainer:
         loss, norm, stop, rate = self._execute(
             self.iterator, tf.constant(num_updates), tf.constant(float(stop_requested))
         )
+        self.input_position.assign_add(num_updates * self.accumulation)
         return Execution(float(loss), float(norm), float(rate), float(stop) > 0)
 
     def _compile_execution(self) -> Any:
@@ -269,9 +305,7 @@ class Trainer:
         """Weighted sum of every head's loss, one value per example."""
         total = None
         for name, loss in self._losses.items():
-            value = loss(labels[name], outputs[name])
-            while value.shape.rank and value.shape.rank > 1:
-                value = tf.reduce_mean(value, axis=-1)
+            value = per_example(loss(labels[name], outputs[name]))
             value = tf.cast(value, tf.float32) * self._loss_weights.get(name, 1.0)
             total = value if total is None else total + value
         return total
@@ -329,30 +363,69 @@ class Trainer:
     def evaluate(self, split: str) -> dict[str, float]:
         """Loss and metrics of the current weights on one split (see ``evaluation_names``).
 
-        Every worker runs the same ordered pass: reading batch-norm statistics (kept per
-        replica) averages them across workers, a collective all of them must join.
+        Sharded as training is: each replica of each worker evaluates its slice of every
+        global batch, and the sums meet in the metrics' cross-replica reduction. The
+        stream's last global batch is completed with padding records (so every replica
+        runs as many batches, as collectives require), which a mask leaves out.
         """
-        losses = self.task.build_losses()
-        weights = self.task.loss_weights
-        metrics = self.task.build_metrics()
-        sums = dict.fromkeys(losses, 0.0)
-        count = 0
-        dataset = self.task.build_inputs(split, batch_size=self.task.config.data.batch_size)
-        for features, labels in dataset:
-            outputs = self._predict(features)
-            batch = int(next(iter(labels.values())).shape[0])
-            count += batch
-            for name, loss in losses.items():
-                sums[name] += float(loss(labels[name], outputs[name])) * batch
-            for name, items in metrics.items():
-                for metric in items:
-                    metric.update_state(labels[name], outputs[name])
-        examples = max(count, 1)
-        results = {"loss": sum(sums[name] * weights[name] for name in losses) / examples}
+        task, strategy = self.task, self.strategy
+        per_replica = task.config.data.batch_size // strategy.num_replicas_in_sync
+        dataset = strategy.distribute_datasets_from_function(
+            lambda context: task.build_inputs(split, batch_size=per_replica, input_context=context)
+        )
+        losses, metrics, count = self._evaluation
+        for metric in [*losses.values(), *(m for items in metrics.values() for m in items), count]:
+            metric.reset_state()
+        records = tf.constant(task.manifest.splits[split].num_records, tf.int64)
+        for index, (features, labels) in enumerate(dataset):
+            self._evaluate_batch(features, labels, tf.constant(index, tf.int64), records)
+        weights = task.loss_weights
+        results = {"loss": sum(float(losses[name].result()) * weights[name] for name in losses)}
         for name, items in metrics.items():
             if len(losses) > 1:
-                results[f"{name}_loss"] = sums[name] / examples
+                results[f"{name}_loss"] = float(losses[name].result())
             for metric in items:
                 results[f"{name}_{metric.name}"] = float(metric.result())
-        results["examples"] = float(count)
+        results["examples"] = float(count.result())
         return results
+
+    def _build_evaluation(self) -> tuple[dict[str, Any], dict[str, list[Any]], Any]:
+        """Per-head loss means, the task's metrics and an example count, built once (under
+        the strategy, so that reading them sums every replica's part)."""
+        with self.strategy.scope():
+            losses = {name: keras.metrics.Mean(name=f"{name}_loss") for name in self._losses}
+            return losses, self.task.build_metrics(), keras.metrics.Sum(name="examples")
+
+    def _compile_evaluation(self) -> Any:
+        strategy = self.strategy
+
+        @tf.function
+        def evaluate_batch(
+            features: Any, labels: Any, index: tf.Tensor, records: tf.Tensor
+        ) -> None:
+            strategy.run(self._evaluate_replica, args=(features, labels, index, records))
+
+        return evaluate_batch
+
+    def _evaluate_replica(
+        self, features: Any, labels: Any, index: tf.Tensor, records: tf.Tensor
+    ) -> None:
+        """Add one replica's batch ``index`` to the metrics, without its padding records."""
+        context = tf.distribute.get_replica_context()
+        size = tf.shape(next(iter(labels.values())), out_type=tf.int64)[0]
+        replica = tf.cast(context.replica_id_in_sync_group, tf.int64)
+        first = (index * self.strategy.num_replicas_in_sync + replica) * size
+        mask = tf.cast(first + tf.range(size) < records, tf.float32)
+        outputs = self.model(features, training=False)
+        losses, metrics, count = self._evaluation
+        for name, loss in self._losses.items():
+            value = tf.cast(per_example(loss(labels[name], outputs[name])), tf.float32)
+            losses[name].update_state(value, sample_weight=mask)
+        for name, items in metrics.items():
+            rank = labels[name].shape.rank
+            weight = tf.broadcast_to(
+                tf.reshape(mask, [-1] + [1] * (rank - 1)), tf.shape(labels[name])
+            )
+            for metric in items:
+                metric.update_state(labels[name], outputs[name], sample_weight=weight)
+        count.update_state(tf.reduce_sum(mask))

@@ -125,15 +125,28 @@ class ExperimentTask:
         batch_size: int,
         training: bool = False,
         input_context: tf.distribute.InputContext | None = None,
+        start_batch: int = 0,
+        verify: Verify | None = None,
     ) -> tf.data.Dataset:
         """Batches of ``(features, {head: labels})`` from ``split``.
 
-        ``training``: the endless, shuffled and augmented stream of one input pipeline
-        (``input_context`` says which), in full batches. Otherwise one ordered pass.
-        A language model gets next-token pairs of its text input.
+        ``training``: the endless, shuffled and augmented stream in full batches of
+        ``batch_size`` (per replica), beginning at batch ``start_batch`` of the whole
+        stream; with ``input_context`` only the batches of that pipeline's replicas, each
+        global batch split across every replica (see ``make_dataset``'s
+        ``split_global_batches``), its shards checked as far as ``verify`` says (default:
+        the task's ``verify``). Otherwise one ordered pass, split the same way with
+        ``input_context``, its last global batch completed by padding records that
+        follow the split's ``num_records``. A language model gets next-token pairs of
+        its text input.
         """
         data = self.config.data
-        options: dict[str, Any] = {"verify": "size", "shuffle": False}
+        options: dict[str, Any] = {
+            "verify": "size",
+            "shuffle": False,
+            "input_context": input_context,
+            "split_global_batches": input_context is not None,
+        }
         if training:
             augment = None
             if data.augment is not None:
@@ -143,13 +156,15 @@ class ExperimentTask:
                     brightness_delta=data.augment.brightness,
                 )
             options = {
-                "verify": self.verify,
+                "verify": self.verify if verify is None else verify,
                 "shuffle": True,
                 "seed": self.config.seed,
                 "repeat": True,
                 "cache": data.cache,
                 "shuffle_buffer": data.shuffle_buffer,
                 "input_context": input_context,
+                "split_global_batches": input_context is not None,
+                "start_batch": start_batch,
                 "augment": augment,
                 "token_dropout": data.token_dropout,
                 "drop_remainder": True,

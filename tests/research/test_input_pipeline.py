@@ -288,6 +288,52 @@ def test_seeded_shuffle_is_reproducible(tmp_path: Path) -> None:
     assert sorted(epochs[120:240]) == every_id and epochs[120:240] != first
 
 
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_stream_begun_at_a_batch_is_the_whole_stream_from_there(
+    tmp_path: Path, cache: bool
+) -> None:
+    ids_dataset(tmp_path, num_shards=3, per_shard=40)
+
+    def stream(start: int, count: int) -> list[int]:
+        dataset = make_dataset(
+            tmp_path, "train", batch_size=7, seed=4, repeat=True, shuffle_buffer=16,
+            cache=cache, start_batch=start, drop_remainder=True,
+        )  # fmt: skip
+        return collect_ids(dataset.take(count))
+
+    whole = stream(0, 60)  # 420 records: three epochs and a half
+    for start in (5, 17, 18, 35):  # inside the first epoch, across its end, in the third
+        assert stream(start, 60 - start) == whole[7 * start :]
+    assert whole[:120] != whole[120:240]
+
+
+@pytest.mark.parametrize(("pipelines", "replicas"), [(1, 2), (2, 2), (2, 4)])
+def test_global_batches_are_split_across_every_workers_replicas(
+    tmp_path: Path, pipelines: int, replicas: int
+) -> None:
+    ids_dataset(tmp_path, num_shards=3, per_shard=20)
+    steps, global_batch = 8, 8
+    whole = make_dataset(
+        tmp_path, "train", batch_size=global_batch, seed=2, repeat=True, shuffle_buffer=8
+    )
+    expected = [batch["id"].numpy().tolist() for batch in whole.take(steps)]
+    local = replicas // pipelines
+    fed: dict[int, list[list[int]]] = {}
+    for pipeline in range(pipelines):
+        context = tf.distribute.InputContext(pipelines, pipeline, replicas)
+        dataset = make_dataset(
+            tmp_path, "train", batch_size=global_batch // replicas, seed=2, repeat=True,
+            shuffle_buffer=8, input_context=context, split_global_batches=True,
+        )  # fmt: skip
+        batches = [batch["id"].numpy().tolist() for batch in dataset.take(steps * local)]
+        for index, batch in enumerate(batches):  # the pipeline's replicas take turns
+            fed.setdefault(pipeline * local + index % local, []).append(batch)
+    for step in range(steps):
+        together = [i for replica in range(replicas) for i in fed[replica][step]]
+        assert together == expected[step]  # replica r reads the r-th slice, no overlap
+        assert len(set(together)) == len(together)
+
+
 def test_only_train_shuffles_by_default(tmp_path: Path) -> None:
     ids_dataset(tmp_path, num_shards=2, per_shard=30, split="validation")
     assert collect_ids(make_dataset(tmp_path, "validation", batch_size=7)) == round_robin(2, 30)
