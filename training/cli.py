@@ -36,6 +36,11 @@ exit codes:
 EXPORT_DESCRIPTION = """\
 Publish the weights of an experiment's latest committed checkpoint as a new version in
 its model repository, with their results on the evaluation and test splits.
+
+exit codes:
+  0    published
+  2    the experiment is invalid or has no committed checkpoint
+  3    the checkpoint's weights are not finite; nothing was published
 """
 
 TUNE_DESCRIPTION = """\
@@ -88,6 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "export",
         help="publish a model version from an experiment's latest checkpoint",
         description=EXPORT_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     export.add_argument("experiment", type=Path, help="experiment YAML")
     export.set_defaults(handler=run_export)
@@ -132,9 +138,14 @@ def run_export(args: argparse.Namespace) -> int:
 
     config = load_experiment(args.experiment)
     from research.experiments.task import ExperimentTask
+    from training.export import NonFiniteWeightsError
     from training.run import export_latest
 
-    version, path = export_latest(ExperimentTask(config))
+    try:
+        version, path = export_latest(ExperimentTask(config))
+    except NonFiniteWeightsError as exc:
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        return errors.EXIT_DIVERGED
     console.print(f"published version {version}: {path}", soft_wrap=True)
     return 0
 
