@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 
 from training import errors
+
+if TYPE_CHECKING:
+    from research.experiments.config import ExperimentConfig
 
 # What ``slipway`` prints as one line (exit 2) instead of a traceback.
 USER_ERRORS = errors.USER_ERRORS
@@ -116,10 +120,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.set_defaults(handler=run_tune)
 
 
-def run_train(args: argparse.Namespace) -> int:
+def load_checked_experiment(path: Path) -> ExperimentConfig:
+    """The experiment, checked against its dataset's manifest (splits with records, the
+    model's inputs and heads) before TensorFlow loads, so these mistakes are reported at
+    once."""
     from research.experiments import load_experiment
+    from research.experiments.model_io import model_io, open_manifest
 
-    config = load_experiment(args.experiment)
+    config = load_experiment(path)
+    model_io(config, open_manifest(config))
+    return config
+
+
+def run_train(args: argparse.Namespace) -> int:
+    config = load_checked_experiment(args.experiment)
     from research.experiments.task import ExperimentTask
     from training.run import train
 
@@ -134,9 +148,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from research.experiments import load_experiment
-
-    config = load_experiment(args.experiment)
+    config = load_checked_experiment(args.experiment)
     from research.experiments.task import ExperimentTask
     from training.export import NonFiniteWeightsError
     from training.run import export_latest
@@ -151,11 +163,10 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from research.experiments import load_experiment
     from research.tuning.space import load_space
 
     # Broken files are reported before TensorFlow loads.
-    load_experiment(args.experiment)
+    load_checked_experiment(args.experiment)
     load_space(args.space)
     from training.search import run_search
     from training.search_results import results_table
