@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from contracts.atomic_files import write_json_atomically
 from contracts.model_manifest import check_files, file_entry
+from training.errors import TrainingSetupError
 
 CHECKPOINT_NAME = "ckpt"
 MARKER_FORMAT = "slipway.checkpoint/1"
@@ -51,6 +52,12 @@ _CHECKPOINT_FILE = re.compile(
 
 class CheckpointError(RuntimeError):
     """Committed checkpoints exist but none of them can be restored."""
+
+
+class CheckpointMismatchError(CheckpointError, TrainingSetupError):
+    """A sound checkpoint does not fit the objects being restored: the experiment changed
+    (a layer's width, a layer added) since the run's checkpoints were written. Every older
+    checkpoint has the same shapes, so this is the user's to resolve, not a fault to retry."""
 
 
 class CheckpointWarning(UserWarning):
@@ -273,12 +280,21 @@ class CheckpointKeeper:
         problem = _problem(self.directory, step)
         if problem is not None:
             return problem
+        prefix = self.directory / f"{CHECKPOINT_NAME}-{step}"
         try:
-            status = self.checkpoint.restore(str(self.directory / f"{CHECKPOINT_NAME}-{step}"))
+            status = self.checkpoint.restore(str(prefix))
             status.assert_existing_objects_matched()
             status.expect_partial()
-        except (tf.errors.OpError, AssertionError, ValueError) as exc:
+        except tf.errors.OpError as exc:
             return f"restore failed: {exc}"
+        except (AssertionError, ValueError) as exc:
+            # The bytes matched the commit marker, so the checkpoint is whole: it is the
+            # objects that changed (TensorFlow names the variable in its message).
+            raise CheckpointMismatchError(
+                f"{prefix} does not fit the experiment as it is now: {exc} The experiment "
+                "was changed after this run's checkpoints were written; undo the change, or "
+                "train it in a new run_dir (or checkpoint.directory)."
+            ) from None
         self._last_step = step
         self._last_time = self._clock()
         return None
@@ -294,7 +310,8 @@ class CheckpointKeeper:
         """Restore the newest trustworthy committed checkpoint and return its step.
 
         A checkpoint that fails verification or restoration is skipped with a
-        ``CheckpointWarning`` and the one before it is tried. None means there is no
+        ``CheckpointWarning`` and the one before it is tried; a verified one that does not
+        fit the objects raises ``CheckpointMismatchError`` (older ones would not fit either). None means there is no
         committed checkpoint (a fresh start); when there are some but none can be
         restored, CheckpointError is raised rather than silently starting over.
         """
