@@ -34,6 +34,12 @@ class Lock:
     def __init__(self, fd: int) -> None:
         self._fd: int | None = fd
 
+    def record(self, text: str) -> None:
+        """Replace the locked file's contents (who holds it, for the next one to read)."""
+        assert self._fd is not None, "the lock was released"
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, text.encode(), 0)
+
     def release(self) -> None:
         """Drop the lock (closing the descriptor does it; once only)."""
         if self._fd is not None:

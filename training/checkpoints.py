@@ -25,6 +25,7 @@ Every worker restores from the chief's directory.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -109,6 +110,28 @@ def _any_worker(strategy: tf.distribute.Strategy) -> Callable[[bool], bool]:
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     return lambda vote: int(reduce(tf.constant(int(vote), tf.int32))) > 0
+
+
+class _UnrestoredValueNotices(logging.Filter):
+    """Drops TensorFlow's notices, logged when the objects of a failed restore are freed,
+    about each value the restore did not reach: the mismatch was reported already, in
+    one message, and the list would bury it."""
+
+    _PREFIXES = (
+        "Detecting that an object or model or tf.train.Checkpoint is being deleted",
+        "Value in checkpoint could not be found in the restored object",
+        "An attribute in the restored object could not be found in the checkpoint",
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self._PREFIXES)
+
+
+_UNRESTORED_NOTICES = _UnrestoredValueNotices()
+
+
+def _silence_unrestored_value_notices() -> None:
+    tf.get_logger().addFilter(_UNRESTORED_NOTICES)  # a no-op when already added
 
 
 class CheckpointKeeper:
@@ -290,6 +313,7 @@ class CheckpointKeeper:
         except (AssertionError, ValueError) as exc:
             # The bytes matched the commit marker, so the checkpoint is whole: it is the
             # objects that changed (TensorFlow names the variable in its message).
+            _silence_unrestored_value_notices()
             raise CheckpointMismatchError(
                 f"{prefix} does not fit the experiment as it is now: {exc} The experiment "
                 "was changed after this run's checkpoints were written; undo the change, or "

@@ -28,7 +28,8 @@ committed step (worker logs are under ``<run_dir>/workers``). The script must th
 reach ``train`` with the same task every time, and be a script: an interactive session
 or a notebook cannot be started again as a copy of itself. A process that already has a
 ``TF_CONFIG`` (a Kubeflow TFJob, ``slipway train --worker``) trains as the worker it
-names.
+names. Workers die with the supervisor that started them, and a run directory holds one
+live run at a time (a second ``train`` there fails at once, see ``training.run_lock``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ from training.errors import (
     USER_ERRORS,
     TrainingSetupError,
 )
+from training.launcher import die_with_supervisor
+from training.run_lock import exclusive_run
 from training.supervisor import Supervisor
 from training.trainer import Trainer, micro_batch_sizes
 
@@ -73,11 +76,17 @@ def train(
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1. Received: workers={workers}")
-    if workers > 1 and "TF_CONFIG" not in os.environ:
-        return _supervise(task, workers, max_restarts=max_restarts)
+    if "TF_CONFIG" not in os.environ:
+        # This process is the run: it alone may train in the run directory until it ends.
+        _check_setup(task, workers)
+        with exclusive_run(task.config.run_path):
+            if workers > 1:
+                return _supervise(task, workers, max_restarts=max_restarts)
+            return _train_here(task, worker_role(), export=export, progress=progress)
     role = worker_role()
     if workers == 1:
         return _train_here(task, role, export=export, progress=progress)
+    die_with_supervisor()
     try:
         outcome = _train_here(task, role, export=export, progress=progress)
     except USER_ERRORS as exc:
@@ -130,7 +139,6 @@ def _train_here(
 
 def _supervise(task: ExperimentTask, workers: int, *, max_restarts: int) -> TrainOutcome:
     """Run this very command line as ``workers`` local workers until they finish."""
-    _check_setup(task, workers)
     config = task.config
     # orig_argv keeps the interpreter's own options, ``-m package`` among them.
     command = [sys.executable, *sys.orig_argv[1:]]
