@@ -27,7 +27,8 @@ console = Console()
 TRAIN_DESCRIPTION = """\
 Train an experiment: checkpoints, resume, evaluation, and a new model version in the
 experiment's model repository. Running the same command again after a crash or a
-preemption resumes from the latest committed checkpoint.
+preemption resumes from the latest committed checkpoint; after a run that finished and
+published, it says so and names the version (--publish-again publishes it once more).
 
 exit codes:
   0    trained (and published)
@@ -91,6 +92,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-restarts", type=int, default=3, help="restarts of a group of workers (N>1)"
     )
     train.add_argument("--no-export", action="store_true", help="skip publishing the model")
+    train.add_argument(
+        "--publish-again",
+        action="store_true",
+        help="publish a finished run that was published already (as a new version)",
+    )
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(handler=run_train)
 
@@ -144,6 +150,7 @@ def run_train(args: argparse.Namespace) -> int:
         export=not args.no_export,
         progress=not args.quiet,
         max_restarts=args.max_restarts,
+        publish_again=args.publish_again,
     )
     return outcome.exit_code
 

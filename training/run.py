@@ -3,7 +3,8 @@
 A researcher's script::
 
     from research.experiments import load_experiment
-    from research.experiments.task import ExperimentTask
+    from contracts.atomic_files import write_json_atomically
+from research.experiments.task import ExperimentTask
     from training.run import train
 
     if __name__ == "__main__":
@@ -34,6 +35,7 @@ live run at a time (a second ``train`` there fails at once, see ``training.run_l
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -41,6 +43,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from contracts.atomic_files import write_json_atomically
 from research.experiments.task import ExperimentTask
 from training.checkpoints import latest_committed_step
 from training.controller import Controller, TrainOutcome, check_writable
@@ -67,12 +70,15 @@ def train(
     export: bool = True,
     progress: bool = True,
     max_restarts: int = 3,
+    publish_again: bool = False,
 ) -> TrainOutcome:
     """Train ``task`` to its last step, evaluate it on the held-out splits and publish it.
 
     ``progress`` shows a progress bar; ``max_restarts`` bounds how often a supervisor of
     several workers restarts the group after a failure. See the module documentation
-    for ``workers``.
+    for ``workers``. A run that already finished and published its last step is not
+    published a second time (identical weights under a new version number): the call
+    says so and returns that version, unless ``publish_again``.
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1. Received: workers={workers}")
@@ -80,6 +86,10 @@ def train(
         # This process is the run: it alone may train in the run directory until it ends.
         _check_setup(task, workers)
         with exclusive_run(task.config.run_path):
+            finished = None if publish_again or not export else _finished_publication(task)
+            if finished is not None:
+                _say_complete(task, finished)
+                return finished
             if workers > 1:
                 return _supervise(task, workers, max_restarts=max_restarts)
             return _train_here(task, worker_role(), export=export, progress=progress)
@@ -132,9 +142,69 @@ def _train_here(
             outcome.metrics = controller.evaluate_held_out()
             if export:
                 outcome.published = controller.publish(outcome.metrics)
+    if outcome.published is not None:
+        _record_publication(task, outcome)
     if outcome.exit_code == EXIT_OK:
         _report(outcome)
     return outcome
+
+
+# -- a finished run -------------------------------------------------------------------
+def _say_complete(task: ExperimentTask, outcome: TrainOutcome) -> None:
+    assert outcome.published is not None
+    version, directory = outcome.published
+    console.print(
+        f"run complete: {task.config.name} trained all {outcome.step} steps and was published "
+        f"as version {version}: {directory} (--publish-again publishes it once more)",
+        soft_wrap=True,
+    )
+
+
+PUBLISHED_FILE = "published.json"
+
+
+def _record_publication(task: ExperimentTask, outcome: TrainOutcome) -> None:
+    """Remember which version this run's last step became, so a rerun need not repeat it."""
+    assert outcome.published is not None
+    version, directory = outcome.published
+    write_json_atomically(
+        task.config.run_path / PUBLISHED_FILE,
+        {
+            "step": outcome.step,
+            "config_hash": task.config.config_hash(),
+            "version": version,
+            "directory": str(directory),
+            "precision": outcome.precision,
+            "metrics": outcome.metrics,
+        },
+    )
+
+
+def _finished_publication(task: ExperimentTask) -> TrainOutcome | None:
+    """The outcome of this run when its last step is committed and already published.
+
+    Only when nothing changed since: the same experiment (config hash), the last step
+    still the newest committed checkpoint, and the version still in the repository.
+    """
+    config = task.config
+    try:
+        record = json.loads((config.run_path / PUBLISHED_FILE).read_text(encoding="utf-8"))
+        version, directory = int(record["version"]), Path(record["directory"])
+        step, config_hash = int(record["step"]), record["config_hash"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    last = latest_committed_step(config.checkpoint_path)
+    if not (step == task.total_steps == last and config_hash == config.config_hash()):
+        return None
+    if not directory.is_dir():
+        return None
+    return TrainOutcome(
+        exit_code=EXIT_OK,
+        step=step,
+        precision=str(record.get("precision", "")),
+        metrics=record.get("metrics") or {},
+        published=(version, directory),
+    )
 
 
 def _supervise(task: ExperimentTask, workers: int, *, max_restarts: int) -> TrainOutcome:
@@ -150,7 +220,11 @@ def _supervise(task: ExperimentTask, workers: int, *, max_restarts: int) -> Trai
         permanent_exit_codes=(EXIT_INVALID, EXIT_DIVERGED),
     )
     code = supervisor.run()
-    return TrainOutcome(exit_code=code, step=latest_committed_step(config.checkpoint_path) or 0)
+    outcome = TrainOutcome(exit_code=code, step=latest_committed_step(config.checkpoint_path) or 0)
+    finished = _finished_publication(task) if code == EXIT_OK else None
+    if finished is not None:  # what the chief worker published
+        outcome.published = finished.published
+    return outcome
 
 
 def _report(outcome: TrainOutcome) -> None:
