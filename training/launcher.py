@@ -33,6 +33,8 @@ LOOPBACK = "127.0.0.1"
 WORKER_INDEX_ENV = "SLIPWAY_WORKER_INDEX"
 HEARTBEAT_ENV = "SLIPWAY_HEARTBEAT_FILE"
 SUPERVISOR_PID_ENV = "SLIPWAY_SUPERVISOR_PID"
+# The precision the supervisor chose for ``auto``: every worker must run the same one.
+PRECISION_ENV = "SLIPWAY_PRECISION"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 

@@ -55,7 +55,9 @@ from training.errors import (
     USER_ERRORS,
     TrainingSetupError,
 )
-from training.launcher import die_with_supervisor
+from training.launcher import PRECISION_ENV, die_with_supervisor
+from training.precision import PrecisionChoice, resolve_precision
+from training.precision_probe import choose_for_task
 from training.run_lock import exclusive_run
 from training.supervisor import Supervisor
 from training.trainer import Trainer, micro_batch_sizes
@@ -90,15 +92,17 @@ def train(
             if finished is not None:
                 _say_complete(task, finished)
                 return finished
+            precision = choose_for_task(task)
             if workers > 1:
-                return _supervise(task, workers, max_restarts=max_restarts)
-            return _train_here(task, worker_role(), export=export, progress=progress)
+                return _supervise(task, workers, precision, max_restarts=max_restarts)
+            return _train_here(task, worker_role(), precision, export=export, progress=progress)
     role = worker_role()
+    precision = _worker_precision(task)
     if workers == 1:
-        return _train_here(task, role, export=export, progress=progress)
+        return _train_here(task, role, precision, export=export, progress=progress)
     die_with_supervisor()
     try:
-        outcome = _train_here(task, role, export=export, progress=progress)
+        outcome = _train_here(task, role, precision, export=export, progress=progress)
     except USER_ERRORS as exc:
         console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(EXIT_INVALID)
@@ -109,7 +113,8 @@ def export_latest(task: ExperimentTask) -> tuple[int, Path]:
     """Publish the weights of the experiment's latest committed checkpoint, with their
     results on the held-out splits; ``(version, directory)``."""
     role = WorkerRole(index=0, count=1)
-    trainer = Trainer(task, choose_strategy(role), role)
+    precision = choose_for_task(task).precision
+    trainer = Trainer(task, choose_strategy(role), role, precision=precision)
     with Controller(trainer, eval_every_steps=None, progress=False) as controller:
         step = controller.restore()
         if step is None:
@@ -129,14 +134,33 @@ def _check_setup(task: ExperimentTask, workers: int) -> None:
     check_writable(task.config.checkpoint_path)
 
 
+def _worker_precision(task: ExperimentTask) -> PrecisionChoice:
+    """A worker's precision: the launching supervisor's choice, else (a worker started by
+    another launcher, which could not agree with its peers on timings of its own) the
+    hardware's default."""
+    requested = task.config.training.precision
+    chosen = os.environ.get(PRECISION_ENV)
+    if requested == "auto" and chosen:
+        return PrecisionChoice(chosen, "auto: chosen by the supervisor's probe")
+    if requested == "auto":
+        return PrecisionChoice(resolve_precision(requested), "auto: the hardware's default")
+    return PrecisionChoice(requested, "as configured")
+
+
 def _train_here(
-    task: ExperimentTask, role: WorkerRole, *, export: bool, progress: bool
+    task: ExperimentTask,
+    role: WorkerRole,
+    precision: PrecisionChoice,
+    *,
+    export: bool,
+    progress: bool,
 ) -> TrainOutcome:
     _check_setup(task, role.count)
     config = task.config
-    trainer = Trainer(task, choose_strategy(role), role)
+    trainer = Trainer(task, choose_strategy(role), role, precision=precision.precision)
     eval_every = config.training.eval_every_steps
     with Controller(trainer, eval_every_steps=eval_every, progress=progress) as controller:
+        controller.log.event(trainer.step, precision.describe())
         outcome = controller.train()
         if outcome.exit_code == EXIT_OK:
             outcome.metrics = controller.evaluate_held_out()
@@ -207,16 +231,20 @@ def _finished_publication(task: ExperimentTask) -> TrainOutcome | None:
     )
 
 
-def _supervise(task: ExperimentTask, workers: int, *, max_restarts: int) -> TrainOutcome:
+def _supervise(
+    task: ExperimentTask, workers: int, precision: PrecisionChoice, *, max_restarts: int
+) -> TrainOutcome:
     """Run this very command line as ``workers`` local workers until they finish."""
     config = task.config
     # orig_argv keeps the interpreter's own options, ``-m package`` among them.
     command = [sys.executable, *sys.orig_argv[1:]]
+    console.print(precision.describe(), soft_wrap=True, highlight=False)
     supervisor = Supervisor(
         command,
         workers,
         max_restarts=max_restarts,
         log_dir=config.run_path / "workers",
+        env={PRECISION_ENV: precision.precision},
         permanent_exit_codes=(EXIT_INVALID, EXIT_DIVERGED),
     )
     code = supervisor.run()

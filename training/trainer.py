@@ -156,11 +156,18 @@ class Trainer:
     """The model, optimizer and input of one worker (of ``role.count``), and their steps.
 
     Seeds and the precision policy are set here, before the model is built, because
-    both decide what the model's variables are.
+    both decide what the model's variables are. ``precision`` is the policy a launcher
+    chose for ``auto`` (by probing, see ``training.precision``); without it ``auto``
+    means the hardware's default.
     """
 
     def __init__(
-        self, task: ExperimentTask, strategy: tf.distribute.Strategy, role: WorkerRole
+        self,
+        task: ExperimentTask,
+        strategy: tf.distribute.Strategy,
+        role: WorkerRole,
+        *,
+        precision: str | None = None,
     ) -> None:
         config, training = task.config, task.config.training
         global_micro_batch, worker_micro_batch = micro_batch_sizes(config, role.count)
@@ -169,7 +176,7 @@ class Trainer:
         self.role = role
         self.accumulation = training.gradient_accumulation
         self.global_update_batch = global_micro_batch * self.accumulation
-        self.precision = resolve_precision(training.precision)
+        self.precision = precision or resolve_precision(training.precision)
         self.loss_only_finiteness = needs_loss_scaling(self.precision)
         configure_determinism(config)
         apply_precision(self.precision)
