@@ -161,10 +161,10 @@ class Controller:
                 self.epoch.assign(step // self.task.steps_per_epoch)
                 self._log_execution(step, execution, examples / max(busy, 1e-9))
                 if execution.stop_requested:
-                    self._save(force=True)
-                    self.log.event(
-                        step, f"preempted ({flag.signal_name or 'peer'}); checkpoint saved"
-                    )
+                    skipping = trainer.consecutive_nonfinite > 0
+                    saved = self._save(force=True) and not skipping
+                    what = "checkpoint saved" if saved else "no checkpoint saved (not finite)"
+                    self.log.event(step, f"preempted ({flag.signal_name or 'peer'}); {what}")
                     return self._outcome(EXIT_PREEMPTED, examples, busy, restores)
                 if not (self._finite_enough() and self._save() and self._sound_at_end(end)):
                     restores += 1

@@ -133,15 +133,15 @@ def machine_fingerprint(
 
 def choose_precision(
     requested: Precision,
-    measure: Callable[[str], float],
+    measure: Callable[[list[str]], dict[str, float]],
     *,
     model_key: str,
     gpus: Sequence[tuple[int, int]] | None = None,
     flags: frozenset[str] | None = None,
     cache: Path | None = None,
 ) -> PrecisionChoice:
-    """``requested``, or for ``auto`` the candidate whose update ``measure`` (seconds per
-    update of the model's own step in that policy) finds fastest.
+    """``requested``, or for ``auto`` the candidate whose update ``measure`` finds fastest
+    (it returns the seconds per update of the model's own step in each policy it gets).
 
     Timings are looked up in, and added to, ``cache`` (default ``cache_file()``) under
     this machine's fingerprint and ``model_key`` (the model's shape), so a model is
@@ -160,7 +160,8 @@ def choose_precision(
     timings = entries.get(key, {})
     cached = all(name in timings for name in found)
     if not cached:
-        timings = {name: float(measure(name)) for name in found}
+        measured = measure(found)
+        timings = {name: float(measured[name]) for name in found}
         entries[key] = timings
         _write_cache(path, entries)
     timings = {name: timings[name] for name in found}

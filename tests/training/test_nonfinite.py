@@ -116,3 +116,38 @@ def test_weights_that_are_not_finite_are_not_exported(tmp_path):
     with pytest.raises(NonFiniteWeightsError, match="head/kernel"):
         save_serving_model(model, tmp_path / "model")
     assert not (tmp_path / "model").exists()
+
+
+def test_a_preemption_inside_a_run_of_skipped_updates_commits_nothing(
+    tmp_path, dataset, monkeypatch
+):
+    import training.controller
+    from training.preemption import EXIT_PREEMPTED
+
+    scale_training_batches(monkeypatch, (6, 7), HUGE)  # the updates to steps 7 and 8
+    path = write_experiment(
+        tmp_path, dataset, training__steps=12, checkpoint__every_steps=1, checkpoint__keep=20
+    )
+    trainer = make_trainer(path)
+
+    class SignalAfterTheFirstSkip:
+        """SIGTERM as the controller sees it, arriving once step 7 was skipped."""
+
+        signal_name = "SIGTERM"
+
+        def install(self):
+            return self
+
+        def uninstall(self):
+            pass
+
+        @property
+        def requested(self):
+            return trainer.step >= 7
+
+    monkeypatch.setattr(training.controller, "PreemptionFlag", SignalAfterTheFirstSkip)
+    outcome = run(trainer)
+
+    assert outcome.exit_code == EXIT_PREEMPTED and outcome.step == 8
+    assert committed_steps(tmp_path / "run" / "checkpoints")[0] == 6
+    assert "preempted (SIGTERM); no checkpoint saved (not finite)" in events(tmp_path / "run")

@@ -19,9 +19,9 @@ class Probe:
         self.seconds = seconds
         self.measured: list[str] = []
 
-    def __call__(self, precision: str) -> float:
-        self.measured.append(precision)
-        return self.seconds[precision]
+    def __call__(self, precisions: list[str]) -> dict[str, float]:
+        self.measured.extend(precisions)
+        return {precision: self.seconds[precision] for precision in precisions}
 
 
 def choose(probe, tmp_path, *, gpus=(), flags=BF16_CPU, model_key="mlp-32", requested="auto"):
