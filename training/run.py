@@ -3,8 +3,7 @@
 A researcher's script::
 
     from research.experiments import load_experiment
-    from contracts.atomic_files import write_json_atomically
-from research.experiments.task import ExperimentTask
+    from research.experiments.task import ExperimentTask
     from training.run import train
 
     if __name__ == "__main__":

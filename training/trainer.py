@@ -129,9 +129,10 @@ def _replica_local_zeros(like: Any) -> tf.Variable:
 
 
 def _all_finite(gradients: list[Any]) -> tf.Tensor:
-    """Whether every gradient value is finite (sparse gradients by their values)."""
+    """Whether every gradient value is finite (sparse gradients by their values; a
+    variable the loss does not reach has None)."""
     values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in gradients]
-    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values if v is not None])
 
 
 def _poison_if(condition: tf.Tensor, gradients: list[Any]) -> list[Any]:
@@ -139,6 +140,9 @@ def _poison_if(condition: tf.Tensor, gradients: list[Any]) -> list[Any]:
     optimizer skips the update (multiplying by one leaves them bit-identical)."""
     poisoned = []
     for gradient in gradients:
+        if gradient is None:
+            poisoned.append(None)
+            continue
         values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
         factor = tf.where(
             condition, tf.constant(float("nan"), values.dtype), tf.constant(1, values.dtype)
