@@ -147,3 +147,30 @@ def test_a_probed_run_trains_exactly_like_one_that_found_the_choice_cached(
     [second] = precision_events(tmp_path / "cached" / "run")
     assert first.startswith(f"precision {probed.precision} (auto: fastest by probe;")
     assert "(auto: fastest by cached probe" in second
+
+
+@pytest.mark.parametrize(
+    ("requested", "from_supervisor", "expected", "reason"),
+    [
+        ("auto", "float32", "float32", "auto: chosen by the supervisor's probe"),
+        ("auto", None, None, "auto: the hardware's default"),
+        ("mixed_bfloat16", "float32", "mixed_bfloat16", "as configured"),
+    ],
+)
+def test_every_worker_runs_the_precision_its_supervisor_chose(
+    monkeypatch, requested, from_supervisor, expected, reason
+):
+    from types import SimpleNamespace
+
+    from training.launcher import PRECISION_ENV
+    from training.precision import resolve_precision
+    from training.run import _worker_precision
+
+    if from_supervisor is None:
+        monkeypatch.delenv(PRECISION_ENV, raising=False)
+    else:
+        monkeypatch.setenv(PRECISION_ENV, from_supervisor)
+    task = SimpleNamespace(config=SimpleNamespace(training=SimpleNamespace(precision=requested)))
+    choice = _worker_precision(task)
+    assert choice.precision == (expected or resolve_precision("auto"))
+    assert choice.reason == reason
