@@ -4,7 +4,9 @@ checkpoints were written."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import signal
 import time
 
@@ -25,15 +27,24 @@ def dataset(tmp_path_factory):
     return build_digits_dataset(tmp_path_factory.mktemp("digits"))
 
 
-def await_gone(pids: list[int], marker: str) -> None:
-    """Block until no worker process of the run named by ``marker`` is left."""
+def await_exit(pids: list[int]) -> None:
+    """Block until every process in ``pids`` has exited (they are not this process's
+    children, so their exit is awaited through pidfds)."""
     deadline = time.monotonic() + TIMEOUT
-    while any(_worker_pid(index, marker) is not None for index in range(len(pids))):
-        if time.monotonic() > deadline:
-            for pid in pids:
-                os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        finally:
+            os.close(fd)
+        if not ready:
+            for survivor in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(survivor, signal.SIGKILL)
             pytest.fail(f"workers {pids} outlived their supervisor")
-        time.sleep(0.1)
 
 
 def test_workers_die_with_a_killed_supervisor_and_a_live_run_is_never_joined(tmp_path, dataset):
@@ -52,7 +63,7 @@ def test_workers_die_with_a_killed_supervisor_and_a_live_run_is_never_joined(tmp
 
     supervisor.send_signal(signal.SIGKILL)
     supervisor.wait(timeout=TIMEOUT)
-    await_gone(workers, str(path))
+    await_exit(workers)
     lock = try_lock(tmp_path / "run" / LOCK_FILE)
     assert lock is not None, "the killed supervisor's lock was not freed"
     lock.release()
