@@ -9,8 +9,9 @@ run, so the figures that matter are ratios, not absolute times on a shared machi
 1. the trainer against a plain ``model.fit`` of the same model, on the same
    ``tf.data`` pipeline, in the same precision and with the same
    ``steps_per_execution`` (goal: at least as fast);
-2. ``precision: auto`` (bfloat16 where the CPU has AVX512-BF16 or AMX) against
-   float32, next to a large bfloat16 matmul that shows what the CPU itself can gain;
+2. ``precision: auto`` (the fastest candidate by the trainer's probe, cached per
+   machine and model) against float32, next to a large bfloat16 matmul that shows what
+   the CPU itself can gain;
 3. a checkpoint every 100 steps against none (goal: at least 0.95 of the speed);
 4. losing a worker: seconds from a SIGKILL of one of two local workers to the first
    step the restarted group completes under the ``Supervisor``;
@@ -275,15 +276,16 @@ def run_fit(config: Any, warmup_steps: int) -> dict[str, Any]:
     from research.experiments.task import ExperimentTask
     from research.models.endpoints import compile_args
     from training.optimization import WarmupDecay
-    from training.precision import apply_precision, needs_loss_scaling, resolve_precision
+    from training.precision import apply_precision, needs_loss_scaling
+    from training.precision_probe import choose_for_task
 
     keras.backend.clear_session()
+    training = config.training
+    task = ExperimentTask(config)
+    precision = choose_for_task(task).precision  # what the trainer runs in (cached)
     keras.utils.set_random_seed(config.seed)
     keras.backend.experimental.disable_tf_random_generator()
-    training = config.training
-    precision = resolve_precision(training.precision)
     apply_precision(precision)
-    task = ExperimentTask(config)
     dataset = task.build_inputs(
         config.data.train_split, batch_size=config.data.batch_size, training=True
     )
@@ -699,7 +701,8 @@ def print_table(results: Mapping[str, Any]) -> None:
     flags = ", ".join(machine["bf16_cpu_flags"]) or "none"
     console.print(
         f"CPU: {machine['cpu_model']}, {machine['cpus']} cores, bf16-related flags: {flags} "
-        f"(precision auto -> {machine['precision_auto_resolves_to']}); load average "
+        f"(precision auto candidates: {', '.join(machine['precision_auto_candidates'])}); "
+        "load average "
         f"{machine['load_average'][0]:.1f} at the start, "
         f"{machine['load_average_end'][0]:.1f} at the end. 'ratio' compares the best examples "
         "per second, 'per CPU s' the best examples per CPU second of this process (steadier "
@@ -711,7 +714,7 @@ def print_table(results: Mapping[str, Any]) -> None:
 
 def training_machine_info() -> dict[str, Any]:
     """The shared machine description plus what decides precision on this CPU."""
-    from training.precision import cpu_flags, resolve_precision
+    from training.precision import candidates, cpu_flags, gpu_capabilities
 
     model = "unknown"
     with contextlib.suppress(OSError):
@@ -724,7 +727,7 @@ def training_machine_info() -> dict[str, Any]:
         **machine_info(),
         "cpu_model": model,
         "bf16_cpu_flags": [flag for flag in BF16_CPU_FLAGS if flag in flags],
-        "precision_auto_resolves_to": resolve_precision("auto"),
+        "precision_auto_candidates": candidates(gpu_capabilities=gpu_capabilities(), flags=flags),
         "onednn_opts": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on)"),
     }
 

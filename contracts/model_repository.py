@@ -10,12 +10,12 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from contracts.atomic_files import fsync_directory
 from contracts.model_manifest import stamp_version, validate_model_name
+from contracts.ownership import owned_directory
 
 STAGING_PREFIX = ".staging-"
 
@@ -49,7 +49,8 @@ def publish_version(
     Without ``version`` the next free number is taken; a rename that loses a race to
     another publisher fails because the target is no longer empty, and the next number
     is tried. A given ``version`` that exists is an error: published versions are
-    immutable. On any failure the staging directory goes.
+    immutable. On any failure the staging directory goes, and staging directories that
+    killed publishers left behind are removed (see ``contracts.ownership``).
     """
     validate_model_name(model_name)
     if version is not None and (
@@ -58,8 +59,18 @@ def publish_version(
         raise ValueError(f"version must be a positive integer, got {version!r}")
     model_dir = Path(model_root) / model_name
     model_dir.mkdir(parents=True, exist_ok=True)
-    staging = model_dir / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
-    staging.mkdir()
+    with owned_directory(model_dir, STAGING_PREFIX) as staging:
+        return _publish_staged(model_dir, model_name, staging, write, version)
+
+
+def _publish_staged(
+    model_dir: Path,
+    model_name: str,
+    staging: Path,
+    write: Callable[[Path], None],
+    version: int | None,
+) -> tuple[int, Path]:
+    """``publish_version`` once its staging directory exists; removes it on failure."""
     try:
         write(staging)
         if not any(staging.iterdir()):

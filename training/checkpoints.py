@@ -25,6 +25,7 @@ Every worker restores from the chief's directory.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -38,6 +39,7 @@ import tensorflow as tf
 
 from contracts.atomic_files import write_json_atomically
 from contracts.model_manifest import check_files, file_entry
+from training.errors import TrainingSetupError
 
 CHECKPOINT_NAME = "ckpt"
 MARKER_FORMAT = "slipway.checkpoint/1"
@@ -51,6 +53,12 @@ _CHECKPOINT_FILE = re.compile(
 
 class CheckpointError(RuntimeError):
     """Committed checkpoints exist but none of them can be restored."""
+
+
+class CheckpointMismatchError(CheckpointError, TrainingSetupError):
+    """A sound checkpoint does not fit the objects being restored: the experiment changed
+    (a layer's width, a layer added) since the run's checkpoints were written. Every older
+    checkpoint has the same shapes, so this is the user's to resolve, not a fault to retry."""
 
 
 class CheckpointWarning(UserWarning):
@@ -102,6 +110,28 @@ def _any_worker(strategy: tf.distribute.Strategy) -> Callable[[bool], bool]:
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     return lambda vote: int(reduce(tf.constant(int(vote), tf.int32))) > 0
+
+
+class _UnrestoredValueNotices(logging.Filter):
+    """Drops TensorFlow's notices, logged when the objects of a failed restore are freed,
+    about each value the restore did not reach: the mismatch was reported already, in
+    one message, and the list would bury it."""
+
+    _PREFIXES = (
+        "Detecting that an object or model or tf.train.Checkpoint is being deleted",
+        "Value in checkpoint could not be found in the restored object",
+        "An attribute in the restored object could not be found in the checkpoint",
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self._PREFIXES)
+
+
+_UNRESTORED_NOTICES = _UnrestoredValueNotices()
+
+
+def _silence_unrestored_value_notices() -> None:
+    tf.get_logger().addFilter(_UNRESTORED_NOTICES)  # a no-op when already added
 
 
 class CheckpointKeeper:
@@ -273,12 +303,22 @@ class CheckpointKeeper:
         problem = _problem(self.directory, step)
         if problem is not None:
             return problem
+        prefix = self.directory / f"{CHECKPOINT_NAME}-{step}"
         try:
-            status = self.checkpoint.restore(str(self.directory / f"{CHECKPOINT_NAME}-{step}"))
+            status = self.checkpoint.restore(str(prefix))
             status.assert_existing_objects_matched()
             status.expect_partial()
-        except (tf.errors.OpError, AssertionError, ValueError) as exc:
+        except tf.errors.OpError as exc:
             return f"restore failed: {exc}"
+        except (AssertionError, ValueError) as exc:
+            # The bytes matched the commit marker, so the checkpoint is whole: it is the
+            # objects that changed (TensorFlow names the variable in its message).
+            _silence_unrestored_value_notices()
+            raise CheckpointMismatchError(
+                f"{prefix} does not fit the experiment as it is now: {exc} The experiment "
+                "was changed after this run's checkpoints were written; undo the change, or "
+                "train it in a new run_dir (or checkpoint.directory)."
+            ) from None
         self._last_step = step
         self._last_time = self._clock()
         return None
@@ -303,10 +343,11 @@ class CheckpointKeeper:
         A checkpoint that fails verification or restoration is skipped with a
         ``CheckpointWarning`` and the one before it is tried; so is one of a step that
         ``requires`` rejects (it returns why, or None to accept the step), for state
-        kept beside this checkpoint that must be restored from the same step. None
-        means there is no committed checkpoint (a fresh start); when there are some but
-        none can be restored, CheckpointError is raised rather than silently starting
-        over.
+        kept beside this checkpoint that must be restored from the same step. A
+        verified one that does not fit the objects raises ``CheckpointMismatchError``
+        (older ones would not fit either). None means there is no committed checkpoint
+        (a fresh start); when there are some but none can be restored, CheckpointError
+        is raised rather than silently starting over.
         """
         failures = []
         for step in committed_steps(self.directory):

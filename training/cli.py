@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 
 from training import errors
+
+if TYPE_CHECKING:
+    from research.experiments.config import ExperimentConfig
 
 # What ``slipway`` prints as one line (exit 2) instead of a traceback.
 USER_ERRORS = errors.USER_ERRORS
@@ -23,12 +27,14 @@ console = Console()
 TRAIN_DESCRIPTION = """\
 Train an experiment: checkpoints, resume, evaluation, and a new model version in the
 experiment's model repository. Running the same command again after a crash or a
-preemption resumes from the latest committed checkpoint.
+preemption resumes from the latest committed checkpoint; after a run that finished and
+published, it says so and names the version (--publish-again publishes it once more).
 
 exit codes:
   0    trained (and published)
   1    a group of workers gave up after its restarts
-  2    the experiment is invalid; nothing was trained or overwritten
+  2    the experiment is invalid (or was changed after its checkpoints were written),
+       or another run is training in its run directory; nothing was trained or overwritten
   3    the loss kept diverging
   143  preempted; a checkpoint was saved, run the same command to resume
 """
@@ -36,6 +42,11 @@ exit codes:
 EXPORT_DESCRIPTION = """\
 Publish the weights of an experiment's latest committed checkpoint as a new version in
 its model repository, with their results on the evaluation and test splits.
+
+exit codes:
+  0    published
+  2    the experiment is invalid or has no committed checkpoint
+  3    the checkpoint's weights are not finite; nothing was published
 """
 
 TUNE_DESCRIPTION = """\
@@ -81,6 +92,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-restarts", type=int, default=3, help="restarts of a group of workers (N>1)"
     )
     train.add_argument("--no-export", action="store_true", help="skip publishing the model")
+    train.add_argument(
+        "--publish-again",
+        action="store_true",
+        help="publish a finished run that was published already (as a new version)",
+    )
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.set_defaults(handler=run_train)
 
@@ -88,6 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "export",
         help="publish a model version from an experiment's latest checkpoint",
         description=EXPORT_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     export.add_argument("experiment", type=Path, help="experiment YAML")
     export.set_defaults(handler=run_export)
@@ -110,10 +127,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.set_defaults(handler=run_tune)
 
 
-def run_train(args: argparse.Namespace) -> int:
+def load_checked_experiment(path: Path) -> ExperimentConfig:
+    """The experiment, checked against its dataset's manifest (splits with records, the
+    model's inputs and heads) before TensorFlow loads, so these mistakes are reported at
+    once."""
     from research.experiments import load_experiment
+    from research.experiments.model_io import model_io, open_manifest
 
-    config = load_experiment(args.experiment)
+    config = load_experiment(path)
+    model_io(config, open_manifest(config))
+    return config
+
+
+def run_train(args: argparse.Namespace) -> int:
+    config = load_checked_experiment(args.experiment)
     from research.experiments.task import ExperimentTask
     from training.run import train
 
@@ -123,28 +150,31 @@ def run_train(args: argparse.Namespace) -> int:
         export=not args.no_export,
         progress=not args.quiet,
         max_restarts=args.max_restarts,
+        publish_again=args.publish_again,
     )
     return outcome.exit_code
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from research.experiments import load_experiment
-
-    config = load_experiment(args.experiment)
+    config = load_checked_experiment(args.experiment)
     from research.experiments.task import ExperimentTask
+    from training.export import NonFiniteWeightsError
     from training.run import export_latest
 
-    version, path = export_latest(ExperimentTask(config))
+    try:
+        version, path = export_latest(ExperimentTask(config))
+    except NonFiniteWeightsError as exc:
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        return errors.EXIT_DIVERGED
     console.print(f"published version {version}: {path}", soft_wrap=True)
     return 0
 
 
 def run_tune(args: argparse.Namespace) -> int:
-    from research.experiments import load_experiment
     from research.tuning.space import load_space
 
     # Broken files are reported before TensorFlow loads.
-    load_experiment(args.experiment)
+    load_checked_experiment(args.experiment)
     load_space(args.space)
     from training.search import run_search
     from training.search_results import results_table

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from training.checkpoints import CheckpointKeeper
 from training.errors import EXIT_DIVERGED, EXIT_OK, TrainingSetupError
+from training.export import nonfinite_variables
 from training.logs import RunLog
 from training.preemption import EXIT_PREEMPTED, PreemptionFlag
 from training.publish import publish_model
@@ -160,18 +161,17 @@ class Controller:
                 self.epoch.assign(step // self.task.steps_per_epoch)
                 self._log_execution(step, execution, examples / max(busy, 1e-9))
                 if execution.stop_requested:
-                    self._save(force=True)
-                    self.log.event(
-                        step, f"preempted ({flag.signal_name or 'peer'}); checkpoint saved"
-                    )
+                    skipping = trainer.consecutive_nonfinite > 0
+                    saved = self._save(force=True) and not skipping
+                    what = "checkpoint saved" if saved else "no checkpoint saved (not finite)"
+                    self.log.event(step, f"preempted ({flag.signal_name or 'peer'}); {what}")
                     return self._outcome(EXIT_PREEMPTED, examples, busy, restores)
-                if not self._finite_enough():
+                if not (self._finite_enough() and self._save() and self._sound_at_end(end)):
                     restores += 1
                     if restores > self.task.config.training.nonfinite.max_restores:
                         self.log.event(step, "loss keeps diverging; giving up")
                         return self._outcome(EXIT_DIVERGED, examples, busy, restores)
                     continue
-                self._save()
                 if self._evaluates_at(step):
                     results = self._evaluate_eval_split()
                     if on_evaluation is not None:
@@ -220,14 +220,45 @@ class Controller:
         )
 
     # -- checkpoints -----------------------------------------------------------------
-    def _save(self, *, force: bool = False) -> None:
+    def _save(self, *, force: bool = False) -> bool:
+        """Checkpoint when due; False when the state turned out poisoned and the run went
+        back to its last checkpoint instead.
+
+        Nothing is committed inside a run of skipped updates (the streak may yet end in
+        a restore, and a resume must not land in the middle of it) nor with non-finite
+        weights or optimizer state: a committed checkpoint is one worth resuming from.
+        """
         step = self.trainer.step
-        if force or self.keeper.should_save(step):
-            # The input position goes first: the main checkpoint's commit marker is what
-            # makes step ``step`` resumable, so its input position must already be on disk
-            # whenever that marker exists (a kill between the two leaves the previous step).
-            self.input_keeper.save(step)
-            self.keeper.save(step)
+        if not (force or self.keeper.should_save(step)):
+            return True
+        if self.trainer.consecutive_nonfinite:
+            self.log.event(step, "checkpoint not saved: the last update was skipped")
+            return True
+        if not self._state_finite(step):
+            return False
+        # The input position goes first: the main checkpoint's commit marker is what
+        # makes step ``step`` resumable, so its input position must already be on disk
+        # whenever that marker exists (a kill between the two leaves the previous step).
+        self.input_keeper.save(step)
+        self.keeper.save(step)
+        return True
+
+    def _sound_at_end(self, end: int) -> bool:
+        """At the last step the weights must be finite whether or not a save was due,
+        since they are what is evaluated and published."""
+        return self.trainer.step < end or self._state_finite(self.trainer.step)
+
+    def _state_finite(self, step: int) -> bool:
+        """Whether weights and optimizer state are finite; if not, go back to the last
+        checkpoint (as after too many skipped updates)."""
+        trainer = self.trainer
+        poisoned = nonfinite_variables([*trainer.model.weights, *trainer.optimizer.variables])
+        if not poisoned:
+            return True
+        shown = ", ".join(poisoned[:3]) + (", ..." if len(poisoned) > 3 else "")
+        self.log.event(step, f"not finite: {shown}; checkpoint not saved")
+        self._recover(f"{len(poisoned)} variables not finite")
+        return False
 
     def restore(self) -> int | None:
         """Resume from this run's newest committed checkpoint, else start from
@@ -289,8 +320,15 @@ class Controller:
         self.log.event(trainer.step, f"non-finite loss: update skipped ({consecutive} in a row)")
         if consecutive < policy.max_consecutive:
             return True
+        self._recover(f"{consecutive} non-finite updates in a row")
+        return False
+
+    def _recover(self, reason: str) -> None:
+        """Back to the last checkpoint with a lower learning rate; the input moves on."""
+        trainer = self.trainer
+        factor = self.task.config.training.nonfinite.learning_rate_factor
         # Lowered from the rate in use, not from the checkpoint's, which the restore brings back.
-        scale = float(trainer.lr_scale.numpy()) * policy.learning_rate_factor
+        scale = float(trainer.lr_scale.numpy()) * factor
         restored = self.keeper.restore_latest()
         self._evaluations.clear()
         trainer.lr_scale.assign(scale)
@@ -298,10 +336,8 @@ class Controller:
         where = f"checkpoint {restored}" if restored is not None else "no checkpoint yet"
         self.log.event(
             trainer.step,
-            f"{consecutive} non-finite updates in a row: restored {where}; learning rate "
-            f"now {scale:g} x schedule",
+            f"{reason}: restored {where}; learning rate now {scale:g} x schedule",
         )
-        return False
 
     # -- evaluation and publishing ---------------------------------------------------
     def evaluate(self, split: str) -> dict[str, float]:

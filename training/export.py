@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,23 @@ from contracts.model_manifest import SIGNATURE_KEY
 
 class ExportError(RuntimeError):
     """The model cannot be exported as the artifact contract requires."""
+
+
+class NonFiniteWeightsError(ExportError):
+    """The weights hold NaN or infinity: publishing them would serve garbage."""
+
+
+def nonfinite_variables(variables: Iterable[tf.Variable]) -> list[str]:
+    """Names of the floating-point variables holding a NaN or an infinity.
+
+    Checked before a checkpoint is committed and before a model is exported, because a
+    poisoned update can leave every loss finite while the weights are not.
+    """
+    return [
+        variable.name
+        for variable in variables
+        if variable.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(variable)))
+    ]
 
 
 # -- the SavedModel -------------------------------------------------------------------
@@ -61,6 +78,12 @@ def save_serving_model(model: keras.Model, directory: str | Path) -> dict[str, A
     """
     if model.inputs is None:
         raise ExportError("the model has no defined inputs; build it from keras.Input")
+    poisoned = nonfinite_variables(model.weights)
+    if poisoned:
+        raise NonFiniteWeightsError(
+            f"not exported: weights hold NaN or infinity ({', '.join(poisoned[:5])}"
+            f"{', ...' if len(poisoned) > 5 else ''})"
+        )
     inputs = _named_inputs(model)
     names = list(inputs)
     specs = [

@@ -8,12 +8,19 @@ the cluster has no separate ``chief`` task.
 
 A worker proves it is making progress by rewriting its heartbeat file after every step;
 a supervisor cannot tell a slow step from a collective waiting forever on a dead peer
-any other way. This module is free of TensorFlow so that launching stays instant.
+any other way. A worker also dies with its supervisor: workers run in sessions of their
+own (so a terminal's Ctrl-C reaches the supervisor alone), so nothing else would stop
+them if the supervisor were killed outright, and a rerun would then train a second group
+on the same checkpoints. This module is free of TensorFlow so that launching stays
+instant.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import signal
 import socket
 import time
 from contextlib import ExitStack
@@ -25,6 +32,10 @@ from contracts.atomic_files import write_json_atomically
 LOOPBACK = "127.0.0.1"
 WORKER_INDEX_ENV = "SLIPWAY_WORKER_INDEX"
 HEARTBEAT_ENV = "SLIPWAY_HEARTBEAT_FILE"
+SUPERVISOR_PID_ENV = "SLIPWAY_SUPERVISOR_PID"
+# The precision the supervisor chose for ``auto``: every worker must run the same one.
+PRECISION_ENV = "SLIPWAY_PRECISION"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def free_ports(n: int) -> list[int]:
@@ -66,7 +77,28 @@ def worker_env(ports: list[int], index: int, heartbeat_file: Path) -> dict[str, 
         "TF_CONFIG": tf_config(ports, index),
         WORKER_INDEX_ENV: str(index),
         HEARTBEAT_ENV: str(heartbeat_file),
+        SUPERVISOR_PID_ENV: str(os.getpid()),
     }
+
+
+def die_with_supervisor() -> None:
+    """In a worker a supervisor started: have the kernel SIGKILL it when the supervisor dies.
+
+    Linux's parent-death signal (``prctl(PR_SET_PDEATHSIG)``) fires when the thread that
+    started the worker exits, which for the supervisor is the thread running its loop.
+    A supervisor that died before this call is caught by the parent pid check. Killing
+    is safe: a killed group resumes from its latest committed checkpoint. Does nothing in
+    a process no supervisor started (a Kubeflow worker, a single run).
+    """
+    supervisor = os.environ.get(SUPERVISOR_PID_ENV)
+    if supervisor is None:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"prctl(PR_SET_PDEATHSIG): {os.strerror(error)}")
+    if os.getppid() != int(supervisor):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass(frozen=True)

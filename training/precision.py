@@ -1,19 +1,35 @@
 """Choosing and applying a numeric precision policy.
 
-``auto`` picks what is fastest without hurting accuracy on the hardware at hand:
-bfloat16 where the CPU multiplies it natively (AVX512-BF16 or AMX), float16 with
-dynamic loss scaling on GPUs, float32 otherwise. Model outputs stay float32 either way
-(the zoo ends every head in a float32 activation), so losses and metrics are computed
-at full precision.
+``auto`` picks what is fastest here for the model at hand. The hardware only says which
+policies are worth trying: float32 always; bfloat16 on CPUs with AVX512-BF16 or AMX and
+on GPUs of compute capability 8 or more; float16 with dynamic loss scaling on GPUs with
+tensor cores (7 or more). Whether one of them is actually faster depends on the model
+and the chip (bfloat16 on an AVX512-BF16 CPU without AMX runs a small model at 0.9x
+float32), so when there is more than one candidate a short timed probe of the model's
+own update in each decides, and the timings are cached per machine and model shape
+(``$XDG_CACHE_HOME/slipway/precision.json``) so that only the first run pays for it.
+
+Model outputs stay float32 whichever policy runs (the zoo ends every head in a float32
+activation), so losses and metrics are computed at full precision.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from contracts.atomic_files import write_json_atomically
+
 Precision = Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"]
 _BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+CACHE_DIR_ENV = "SLIPWAY_CACHE_DIR"
+CACHE_FORMAT = "slipway.precision/1"
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
@@ -27,21 +43,153 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
+def candidates(*, gpu_capabilities: Sequence[tuple[int, int]], flags: frozenset[str]) -> list[str]:
+    """The policies this hardware may run faster than float32, fastest-hoped first,
+    float32 last. ``gpu_capabilities``: the CUDA compute capability of each GPU."""
+    if gpu_capabilities:
+        oldest = min(gpu_capabilities)
+        found = ["mixed_float16"] if oldest >= (7, 0) else []
+        found += ["mixed_bfloat16"] if oldest >= (8, 0) else []
+        return [*found, "float32"]
+    return ["mixed_bfloat16", "float32"] if _BF16_CPU_FLAGS & flags else ["float32"]
+
+
+def gpu_capabilities() -> list[tuple[int, int]]:
+    """The compute capability of every visible GPU (loads TensorFlow)."""
+    import tensorflow as tf
+
+    found = []
+    for gpu in tf.config.list_physical_devices("GPU"):
+        capability = tf.config.experimental.get_device_details(gpu).get("compute_capability")
+        found.append(tuple(capability) if capability else (0, 0))
+    return found
+
+
 def resolve_precision(
-    requested: Precision, *, gpus: int | None = None, flags: frozenset[str] | None = None
+    requested: Precision,
+    *,
+    gpus: Sequence[tuple[int, int]] | None = None,
+    flags: frozenset[str] | None = None,
 ) -> str:
-    """The concrete policy name ``requested`` means on this machine."""
+    """The concrete policy ``requested`` means without a probe: the hardware's first
+    candidate. What every worker of a group gets when no launcher chose for them, since
+    workers timing on their own could disagree."""
     if requested != "auto":
         return requested
-    if gpus is None:
-        import tensorflow as tf
+    found = candidates(
+        gpu_capabilities=gpu_capabilities() if gpus is None else gpus,
+        flags=cpu_flags() if flags is None else flags,
+    )
+    return found[0]
 
-        gpus = len(tf.config.list_physical_devices("GPU"))
-    if gpus > 0:
-        return "mixed_float16"
-    if _BF16_CPU_FLAGS & (cpu_flags() if flags is None else flags):
-        return "mixed_bfloat16"
-    return "float32"
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """The policy a run uses, why, and for a probed ``auto`` the seconds per update of
+    every candidate."""
+
+    precision: str
+    reason: str
+    seconds_per_update: dict[str, float] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """One line for the run log."""
+        return f"precision {self.precision} ({self.reason})"
+
+
+def cache_file() -> Path:
+    """Where probe timings are kept: per user, shared by every run on this machine."""
+    base = os.environ.get(CACHE_DIR_ENV)
+    if base:
+        return Path(base) / "precision.json"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "slipway" / "precision.json"
+
+
+def machine_fingerprint(
+    gpus: Sequence[tuple[int, int]], flags: frozenset[str], cpuinfo: Path = Path("/proc/cpuinfo")
+) -> str:
+    """What makes timings from one machine valid on another: CPU model and flags, GPUs,
+    the TensorFlow build and the core count."""
+    try:
+        model = next(
+            line.split(":", 1)[1].strip()
+            for line in cpuinfo.read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        model = platform.processor()
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        tensorflow = version("tensorflow")
+    except PackageNotFoundError:
+        tensorflow = "?"
+    described = json.dumps(
+        [model, sorted(flags), list(gpus), tensorflow, os.cpu_count()], sort_keys=True
+    )
+    return hashlib.sha256(described.encode()).hexdigest()[:16]
+
+
+def choose_precision(
+    requested: Precision,
+    measure: Callable[[list[str]], dict[str, float]],
+    *,
+    model_key: str,
+    gpus: Sequence[tuple[int, int]] | None = None,
+    flags: frozenset[str] | None = None,
+    cache: Path | None = None,
+) -> PrecisionChoice:
+    """``requested``, or for ``auto`` the candidate whose update ``measure`` finds fastest
+    (it returns the seconds per update of the model's own step in each policy it gets).
+
+    Timings are looked up in, and added to, ``cache`` (default ``cache_file()``) under
+    this machine's fingerprint and ``model_key`` (the model's shape), so a model is
+    probed once per machine. Ties go to the candidate listed first.
+    """
+    if requested != "auto":
+        return PrecisionChoice(requested, "as configured")
+    gpus = gpu_capabilities() if gpus is None else list(gpus)
+    flags = cpu_flags() if flags is None else flags
+    found = candidates(gpu_capabilities=gpus, flags=flags)
+    if len(found) == 1:
+        return PrecisionChoice(found[0], "auto: the only candidate on this hardware")
+    path = cache if cache is not None else cache_file()
+    key = f"{machine_fingerprint(gpus, flags)}/{model_key}"
+    entries = _read_cache(path)
+    timings = entries.get(key, {})
+    cached = all(name in timings for name in found)
+    if not cached:
+        measured = measure(found)
+        timings = {name: float(measured[name]) for name in found}
+        entries[key] = timings
+        _write_cache(path, entries)
+    timings = {name: timings[name] for name in found}
+    best = min(found, key=lambda name: (timings[name], found.index(name)))
+    shown = ", ".join(f"{name} {seconds * 1000:.3g} ms" for name, seconds in timings.items())
+    source = f"cached probe, {path}" if cached else "probe"
+    return PrecisionChoice(best, f"auto: fastest by {source}; per update {shown}", timings)
+
+
+def _read_cache(path: Path) -> dict[str, dict[str, float]]:
+    """The cached timings; an unreadable or foreign file counts as empty."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
+        return {}
+    entries = data.get("timings")
+    return entries if isinstance(entries, dict) else {}
+
+
+def _write_cache(path: Path, entries: dict[str, dict[str, float]]) -> None:
+    """Best effort: a read-only home directory costs a probe per run, not the run."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(path, {"format": CACHE_FORMAT, "timings": entries})
+    except OSError:
+        pass
 
 
 def apply_precision(policy: str) -> None:

@@ -28,11 +28,13 @@ committed step (worker logs are under ``<run_dir>/workers``). The script must th
 reach ``train`` with the same task every time, and be a script: an interactive session
 or a notebook cannot be started again as a copy of itself. A process that already has a
 ``TF_CONFIG`` (a Kubeflow TFJob, ``slipway train --worker``) trains as the worker it
-names.
+names. Workers die with the supervisor that started them, and a run directory holds one
+live run at a time (a second ``train`` there fails at once, see ``training.run_lock``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -40,6 +42,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from contracts.atomic_files import write_json_atomically
 from research.experiments.task import ExperimentTask
 from training.checkpoints import latest_committed_step
 from training.controller import Controller, TrainOutcome, check_writable
@@ -51,6 +54,10 @@ from training.errors import (
     USER_ERRORS,
     TrainingSetupError,
 )
+from training.launcher import PRECISION_ENV, die_with_supervisor
+from training.precision import PrecisionChoice, resolve_precision
+from training.precision_probe import choose_for_task
+from training.run_lock import exclusive_run
 from training.supervisor import Supervisor
 from training.trainer import Trainer, micro_batch_sizes
 
@@ -64,22 +71,37 @@ def train(
     export: bool = True,
     progress: bool = True,
     max_restarts: int = 3,
+    publish_again: bool = False,
 ) -> TrainOutcome:
     """Train ``task`` to its last step, evaluate it on the held-out splits and publish it.
 
     ``progress`` shows a progress bar; ``max_restarts`` bounds how often a supervisor of
     several workers restarts the group after a failure. See the module documentation
-    for ``workers``.
+    for ``workers``. A run that already finished and published its last step is not
+    published a second time (identical weights under a new version number): the call
+    says so and returns that version, unless ``publish_again``.
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1. Received: workers={workers}")
-    if workers > 1 and "TF_CONFIG" not in os.environ:
-        return _supervise(task, workers, max_restarts=max_restarts)
+    if "TF_CONFIG" not in os.environ:
+        # This process is the run: it alone may train in the run directory until it ends.
+        _check_setup(task, workers)
+        with exclusive_run(task.config.run_path):
+            finished = None if publish_again or not export else _finished_publication(task)
+            if finished is not None:
+                _say_complete(task, finished)
+                return finished
+            precision = choose_for_task(task)
+            if workers > 1:
+                return _supervise(task, workers, precision, max_restarts=max_restarts)
+            return _train_here(task, worker_role(), precision, export=export, progress=progress)
     role = worker_role()
+    precision = _worker_precision(task)
     if workers == 1:
-        return _train_here(task, role, export=export, progress=progress)
+        return _train_here(task, role, precision, export=export, progress=progress)
+    die_with_supervisor()
     try:
-        outcome = _train_here(task, role, export=export, progress=progress)
+        outcome = _train_here(task, role, precision, export=export, progress=progress)
     except USER_ERRORS as exc:
         console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(EXIT_INVALID)
@@ -90,7 +112,8 @@ def export_latest(task: ExperimentTask) -> tuple[int, Path]:
     """Publish the weights of the experiment's latest committed checkpoint, with their
     results on the held-out splits; ``(version, directory)``."""
     role = WorkerRole(index=0, count=1)
-    trainer = Trainer(task, choose_strategy(role), role)
+    precision = choose_for_task(task).precision
+    trainer = Trainer(task, choose_strategy(role), role, precision=precision)
     with Controller(trainer, eval_every_steps=None, progress=False) as controller:
         step = controller.restore()
         if step is None:
@@ -110,39 +133,125 @@ def _check_setup(task: ExperimentTask, workers: int) -> None:
     check_writable(task.config.checkpoint_path)
 
 
+def _worker_precision(task: ExperimentTask) -> PrecisionChoice:
+    """A worker's precision: the launching supervisor's choice, else (a worker started by
+    another launcher, which could not agree with its peers on timings of its own) the
+    hardware's default."""
+    requested = task.config.training.precision
+    chosen = os.environ.get(PRECISION_ENV)
+    if requested == "auto" and chosen:
+        return PrecisionChoice(chosen, "auto: chosen by the supervisor's probe")
+    if requested == "auto":
+        return PrecisionChoice(resolve_precision(requested), "auto: the hardware's default")
+    return PrecisionChoice(requested, "as configured")
+
+
 def _train_here(
-    task: ExperimentTask, role: WorkerRole, *, export: bool, progress: bool
+    task: ExperimentTask,
+    role: WorkerRole,
+    precision: PrecisionChoice,
+    *,
+    export: bool,
+    progress: bool,
 ) -> TrainOutcome:
     _check_setup(task, role.count)
     config = task.config
-    trainer = Trainer(task, choose_strategy(role), role)
+    trainer = Trainer(task, choose_strategy(role), role, precision=precision.precision)
     eval_every = config.training.eval_every_steps
     with Controller(trainer, eval_every_steps=eval_every, progress=progress) as controller:
+        controller.log.event(trainer.step, precision.describe())
         outcome = controller.train()
         if outcome.exit_code == EXIT_OK:
             outcome.metrics = controller.evaluate_held_out()
             if export:
                 outcome.published = controller.publish(outcome.metrics)
+    if outcome.published is not None:
+        _record_publication(task, outcome)
     if outcome.exit_code == EXIT_OK:
         _report(outcome)
     return outcome
 
 
-def _supervise(task: ExperimentTask, workers: int, *, max_restarts: int) -> TrainOutcome:
+# -- a finished run -------------------------------------------------------------------
+def _say_complete(task: ExperimentTask, outcome: TrainOutcome) -> None:
+    assert outcome.published is not None
+    version, directory = outcome.published
+    console.print(
+        f"run complete: {task.config.name} trained all {outcome.step} steps and was published "
+        f"as version {version}: {directory} (--publish-again publishes it once more)",
+        soft_wrap=True,
+    )
+
+
+PUBLISHED_FILE = "published.json"
+
+
+def _record_publication(task: ExperimentTask, outcome: TrainOutcome) -> None:
+    """Remember which version this run's last step became, so a rerun need not repeat it."""
+    assert outcome.published is not None
+    version, directory = outcome.published
+    write_json_atomically(
+        task.config.run_path / PUBLISHED_FILE,
+        {
+            "step": outcome.step,
+            "config_hash": task.config.config_hash(),
+            "version": version,
+            "directory": str(directory),
+            "precision": outcome.precision,
+            "metrics": outcome.metrics,
+        },
+    )
+
+
+def _finished_publication(task: ExperimentTask) -> TrainOutcome | None:
+    """The outcome of this run when its last step is committed and already published.
+
+    Only when nothing changed since: the same experiment (config hash), the last step
+    still the newest committed checkpoint, and the version still in the repository.
+    """
+    config = task.config
+    try:
+        record = json.loads((config.run_path / PUBLISHED_FILE).read_text(encoding="utf-8"))
+        version, directory = int(record["version"]), Path(record["directory"])
+        step, config_hash = int(record["step"]), record["config_hash"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    last = latest_committed_step(config.checkpoint_path)
+    if not (step == task.total_steps == last and config_hash == config.config_hash()):
+        return None
+    if not directory.is_dir():
+        return None
+    return TrainOutcome(
+        exit_code=EXIT_OK,
+        step=step,
+        precision=str(record.get("precision", "")),
+        metrics=record.get("metrics") or {},
+        published=(version, directory),
+    )
+
+
+def _supervise(
+    task: ExperimentTask, workers: int, precision: PrecisionChoice, *, max_restarts: int
+) -> TrainOutcome:
     """Run this very command line as ``workers`` local workers until they finish."""
-    _check_setup(task, workers)
     config = task.config
     # orig_argv keeps the interpreter's own options, ``-m package`` among them.
     command = [sys.executable, *sys.orig_argv[1:]]
+    console.print(precision.describe(), soft_wrap=True, highlight=False)
     supervisor = Supervisor(
         command,
         workers,
         max_restarts=max_restarts,
         log_dir=config.run_path / "workers",
+        env={PRECISION_ENV: precision.precision},
         permanent_exit_codes=(EXIT_INVALID, EXIT_DIVERGED),
     )
     code = supervisor.run()
-    return TrainOutcome(exit_code=code, step=latest_committed_step(config.checkpoint_path) or 0)
+    outcome = TrainOutcome(exit_code=code, step=latest_committed_step(config.checkpoint_path) or 0)
+    finished = _finished_publication(task) if code == EXIT_OK else None
+    if finished is not None:  # what the chief worker published
+        outcome.published = finished.published
+    return outcome
 
 
 def _report(outcome: TrainOutcome) -> None:

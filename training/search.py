@@ -53,6 +53,7 @@ from research.tuning.space import SearchSpace, TunerSettings, experiment_with, l
 from training.controller import Controller, TrainOutcome
 from training.distribution import WorkerRole, choose_strategy
 from training.errors import EXIT_DIVERGED, EXIT_OK
+from training.precision_probe import choose_for_task
 from training.preemption import EXIT_PREEMPTED
 from training.search_results import SearchResult, forget_results, write_results
 from training.trainer import Trainer, evaluation_names
@@ -259,7 +260,9 @@ class TrialRunner(keras_tuner.engine.base_tuner.BaseTuner):
         # The plan verified the shards' checksums once; each trial checks their sizes.
         task = ExperimentTask(config, model_fn=self.model_fn, verify="size")
         role = WorkerRole(index=0, count=1)
-        trainer = Trainer(task, choose_strategy(role), role)
+        trainer = Trainer(
+            task, choose_strategy(role), role, precision=choose_for_task(task).precision
+        )
         steps_per_epoch = task.steps_per_epoch
 
         def report(step: int, train_loss: float, results: dict[str, float]) -> None:

@@ -11,9 +11,10 @@ reduction and the optimizer step. Losses are summed per example and divided by t
 gradients across micro-batches and replicas gives exactly the gradient of the mean loss
 over the large batch: N accumulated micro-batches make the same update as one batch N
 times larger. Gradients are all-reduced once per update and the optimizer then skips
-aggregation; the loss-scale wrapper skips an update whose reduced gradients are not
-finite, the same decision on every replica, and counters of skipped updates live in
-variables so that a multi-update execution keeps count inside the graph.
+aggregation; the loss-scale wrapper skips an update whose reduced gradients, or their
+global norm, are not finite, the same decision on every replica, and counters of
+skipped updates live in variables so that a multi-update execution keeps count inside
+the graph.
 
 Every replica reads its own batches: the input is a distributed dataset whose global
 batch of each update is split across the replicas of every worker, so R replicas see the
@@ -141,15 +142,50 @@ def _replica_local_zeros(like: Any) -> tf.Variable:
     )
 
 
+def _all_finite(gradients: list[Any]) -> tf.Tensor:
+    """Whether every gradient value is finite (sparse gradients by their values; a
+    variable the loss does not reach has None)."""
+    values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in gradients]
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values if v is not None])
+
+
+def _poison_if(condition: tf.Tensor, gradients: list[Any]) -> list[Any]:
+    """The gradients, made NaN where ``condition`` holds so that the loss-scale
+    optimizer skips the update (multiplying by one leaves them bit-identical)."""
+    poisoned = []
+    for gradient in gradients:
+        if gradient is None:
+            poisoned.append(None)
+            continue
+        values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+        factor = tf.where(
+            condition, tf.constant(float("nan"), values.dtype), tf.constant(1, values.dtype)
+        )
+        if isinstance(gradient, tf.IndexedSlices):
+            poisoned.append(
+                tf.IndexedSlices(values * factor, gradient.indices, gradient.dense_shape)
+            )
+        else:
+            poisoned.append(values * factor)
+    return poisoned
+
+
 class Trainer:
     """The model, optimizer and input of one worker (of ``role.count``), and their steps.
 
     Seeds and the precision policy are set here, before the model is built, because
-    both decide what the model's variables are.
+    both decide what the model's variables are. ``precision`` is the policy a launcher
+    chose for ``auto`` (by probing, see ``training.precision``); without it ``auto``
+    means the hardware's default.
     """
 
     def __init__(
-        self, task: ExperimentTask, strategy: tf.distribute.Strategy, role: WorkerRole
+        self,
+        task: ExperimentTask,
+        strategy: tf.distribute.Strategy,
+        role: WorkerRole,
+        *,
+        precision: str | None = None,
     ) -> None:
         config, training = task.config, task.config.training
         global_micro_batch, _ = micro_batch_sizes(config, strategy.num_replicas_in_sync)
@@ -158,7 +194,7 @@ class Trainer:
         self.role = role
         self.accumulation = training.gradient_accumulation
         self.global_update_batch = global_micro_batch * self.accumulation
-        self.precision = resolve_precision(training.precision)
+        self.precision = precision or resolve_precision(training.precision)
         self.loss_only_finiteness = needs_loss_scaling(self.precision)
         configure_determinism(config)
         apply_precision(self.precision)
@@ -337,9 +373,17 @@ class Trainer:
         # is an op of the replica's own (MultiWorkerMirroredStrategy refuses it otherwise).
         stop = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(stop))  # > 0: asked
         norm = tf.linalg.global_norm(gradients)
+        norm_finite = tf.math.is_finite(norm)
+        # Finite gradients whose global norm overflows pass the loss-scale optimizer's
+        # check, and global-norm clipping then turns every one of them into NaN: such an
+        # update is poisoned, so it is skipped and counted like any non-finite one.
+        overflow = tf.logical_and(_all_finite(gradients), tf.logical_not(norm_finite))
+        gradients = _poison_if(overflow, gradients)
         finite = tf.math.is_finite(loss)
-        if not self.loss_only_finiteness:
-            finite = tf.logical_and(finite, tf.math.is_finite(norm))
+        if self.loss_only_finiteness:
+            finite = tf.logical_and(finite, tf.logical_not(overflow))
+        else:
+            finite = tf.logical_and(finite, norm_finite)
         self.optimizer.apply_gradients(
             zip(gradients, self.model.trainable_variables, strict=True),
             skip_gradients_aggregation=True,

@@ -267,48 +267,48 @@ def build_dataset(
     except ValueError as exc:
         raise ConfigError(f"Beam options: {exc}") from None
 
-    staging = publish.staging_for(destination)
-    try:
-        construct_pipeline(pipeline, spec, schema, features, staging, resolved.columns)
-        result = pipeline.run()
-        result.wait_until_finish()
+    with publish.staging_area(destination) as staging:
+        try:
+            construct_pipeline(pipeline, spec, schema, features, staging, resolved.columns)
+            result = pipeline.run()
+            result.wait_until_finish()
 
-        build_dir = filesystems.join(staging, _BUILD_DIR)
-        shards = read_side_file(filesystems.join(build_dir, "shards.json"))
-        splits = _collect_splits(spec, staging, shards)
-        statistics = read_side_file(filesystems.join(build_dir, "statistics.json"))
-        categories = read_side_file(filesystems.join(build_dir, "categories.json"))
-        report = build_report(
-            _counters(result),
-            {name: split.num_records for name, split in splits.items()},
-            spec.quality,
-        )
-        report["schema"] = resolved.report()
-        check_build(report, staging, destination)
-        features = _finish_features(features, staging, categories, vocab_fields(spec, schema))
-        manifest = Manifest(
-            name=spec.name,
-            spec_hash=as_written.spec_hash(),
-            compression=spec.output.compression,
-            features=features,
-            labels=list(spec.labels),
-            splits=splits,
-            statistics={
-                split: statistics.get(split) or empty_statistics(features) for split in splits
-            },
-            vocabularies={
-                name: feature.vocabulary_file
-                for name, feature in features.items()
-                if feature.vocabulary_file
-            },
-            created=datetime.now(UTC).isoformat(timespec="seconds"),
-            provenance={"spec": as_written.model_dump(mode="json", by_alias=True)},
-        )
-        filesystems.delete_tree(build_dir)
-        filesystems.write_json(filesystems.join(staging, REPORT_FILE), report)
-        filesystems.write_json(filesystems.join(staging, MANIFEST_FILE), manifest.to_json())
-        publish.publish(staging, destination, overwrite)
-    except BaseException:
-        filesystems.delete_tree(staging)
-        raise
+            build_dir = filesystems.join(staging, _BUILD_DIR)
+            shards = read_side_file(filesystems.join(build_dir, "shards.json"))
+            splits = _collect_splits(spec, staging, shards)
+            statistics = read_side_file(filesystems.join(build_dir, "statistics.json"))
+            categories = read_side_file(filesystems.join(build_dir, "categories.json"))
+            report = build_report(
+                _counters(result),
+                {name: split.num_records for name, split in splits.items()},
+                spec.quality,
+            )
+            report["schema"] = resolved.report()
+            check_build(report, staging, destination)
+            features = _finish_features(features, staging, categories, vocab_fields(spec, schema))
+            manifest = Manifest(
+                name=spec.name,
+                spec_hash=as_written.spec_hash(),
+                compression=spec.output.compression,
+                features=features,
+                labels=list(spec.labels),
+                splits=splits,
+                statistics={
+                    split: statistics.get(split) or empty_statistics(features) for split in splits
+                },
+                vocabularies={
+                    name: feature.vocabulary_file
+                    for name, feature in features.items()
+                    if feature.vocabulary_file
+                },
+                created=datetime.now(UTC).isoformat(timespec="seconds"),
+                provenance={"spec": as_written.model_dump(mode="json", by_alias=True)},
+            )
+            filesystems.delete_tree(build_dir)
+            filesystems.write_json(filesystems.join(staging, REPORT_FILE), report)
+            filesystems.write_json(filesystems.join(staging, MANIFEST_FILE), manifest.to_json())
+            publish.publish(staging, destination, overwrite)
+        except BaseException:
+            filesystems.delete_tree(staging)
+            raise
     return BuildResult(output_dir=destination, manifest=manifest, report=report)

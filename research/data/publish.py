@@ -3,7 +3,8 @@
 A build writes into a staging directory beside its destination and publishes only a
 dataset that is complete and passed its checks, so a failed, interrupted or refused
 build never leaves something that looks like a dataset, and a dataset already there
-is replaced only when asked to (``overwrite``), never by something that is not one.
+is replaced only when asked to (``overwrite``), never by something that is not one. A
+killed build's staging directory is removed by the next build of the same destination.
 
 - **Local disk**: the staging directory is renamed onto the destination (the old
   dataset, if any, is first renamed aside), so a reader sees the old dataset or the
@@ -21,9 +22,12 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from contracts.dataset_manifest import MANIFEST_FILE, DatasetExistsError
+from contracts.ownership import owned_directory
 from research.data import filesystems
 
 
@@ -62,13 +66,23 @@ def _check_local(destination: Path, overwrite: bool) -> None:
         )
 
 
-def staging_for(destination: str) -> str:
-    """A new directory beside ``destination``, where a build writes its dataset."""
+@contextmanager
+def staging_area(destination: str) -> Iterator[str]:
+    """A new directory beside ``destination``, where a build writes its dataset.
+
+    On local disk it is owned by this process while the build runs (see
+    ``contracts.ownership``), and what killed builds of the same destination left
+    behind is removed first; never the directory of a build still running. An object
+    store has no locks, so there the caller's clean-up on failure is all there is.
+    """
     parent, name = filesystems.split(destination)
-    staging = filesystems.join(parent, f".{name}.building-{uuid.uuid4().hex[:8]}")
-    if filesystems.is_local(staging):
-        os.makedirs(staging)
-    return staging
+    prefix = f".{name}.building-"
+    if filesystems.is_local(destination):
+        os.makedirs(parent, exist_ok=True)
+        with owned_directory(parent, prefix) as staging:
+            yield str(staging)
+    else:
+        yield filesystems.join(parent, f"{prefix}{uuid.uuid4().hex[:8]}")
 
 
 def publish(staging: str, destination: str, overwrite: bool) -> None:

@@ -11,16 +11,39 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from contracts.yaml_config import StrictModel, load_yaml_model
 from research.models.configs import ModelConfig
 from research.models.specs import HeadSpec
 
 Precision = Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"]
+
+# The largest finite float32. Learning rates, loss weights and the optimizer's constants
+# enter the update as float32 in every precision policy (mixed policies keep float32
+# variables), so a larger value is infinity there and would poison every weight.
+# Below the smallest float32 (a subnormal) a value rounds to 0: an epsilon of 1e-50 would
+# divide by zero.
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_SMALLEST = 2.0**-149
+
+
+def _finite_in_float32(value: float) -> float:
+    if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
+        raise ValueError(
+            f"expected a finite float32 value (at most {FLOAT32_MAX:.7g} in magnitude), "
+            f"got {value!r}"
+        )
+    if value != 0 and abs(value) < FLOAT32_SMALLEST:
+        raise ValueError(f"{value!r} is 0 in float32 (smallest: {FLOAT32_SMALLEST:.2g})")
+    return value
+
+
+TrainingFloat = Annotated[float, AfterValidator(_finite_in_float32)]
 
 
 class AugmentationConfig(StrictModel):
@@ -46,12 +69,12 @@ class DataConfig(StrictModel):
 
 class OptimizerConfig(StrictModel):
     type: Literal["adamw"] = "adamw"
-    learning_rate: float = Field(default=1e-3, gt=0)
-    weight_decay: float = Field(default=1e-4, ge=0)
+    learning_rate: TrainingFloat = Field(default=1e-3, gt=0)
+    weight_decay: TrainingFloat = Field(default=1e-4, ge=0)
     beta_1: float = Field(default=0.9, gt=0, lt=1)
     beta_2: float = Field(default=0.999, gt=0, lt=1)
-    epsilon: float = Field(default=1e-7, gt=0)
-    clip_global_norm: float | None = Field(default=1.0, gt=0)
+    epsilon: TrainingFloat = Field(default=1e-7, gt=0)
+    clip_global_norm: TrainingFloat | None = Field(default=1.0, gt=0)
 
 
 class ScheduleConfig(StrictModel):
@@ -77,7 +100,7 @@ class TrainingConfig(StrictModel):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     nonfinite: NonFiniteConfig = Field(default_factory=NonFiniteConfig)
     eval_every_steps: int | None = Field(default=None, ge=1)
-    loss_weights: dict[str, float] = Field(
+    loss_weights: dict[str, TrainingFloat] = Field(
         default_factory=dict, description="per-head loss weight (multi-task); default 1"
     )
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from contracts.dataset_manifest import DatasetError, Manifest, load_manifest
 from contracts.yaml_config import ConfigError
 from research.experiments.config import ExperimentConfig
 from research.models.specs import (
     HeadSpec,
     InputSpec,
+    ModelInterfaceError,
+    check_names,
     head_spec_from_feature,
     input_spec_from_feature,
 )
@@ -59,10 +63,15 @@ def model_io(config: ExperimentConfig, manifest: Manifest) -> ModelIO:
             f"{source}: data.features: not input features of the dataset: {unknown} "
             f"(inputs: {inputs_available})"
         )
-    inputs = {
-        name: input_spec_from_feature(features[name], sequence_length=config.data.sequence_length)
-        for name in wanted
-    }
+    try:
+        inputs = {
+            name: input_spec_from_feature(
+                features[name], sequence_length=config.data.sequence_length
+            )
+            for name in wanted
+        }
+    except ValueError as exc:
+        raise ConfigError(f"{source}: data.dataset: {_reason(exc)}") from None
     if config.heads is not None:
         heads = dict(config.heads)
     else:
@@ -74,14 +83,23 @@ def model_io(config: ExperimentConfig, manifest: Manifest) -> ModelIO:
                 f"(labels: {manifest.labels})"
             )
         weights = config.training.loss_weights
-        heads = {
-            name: head_spec_from_feature(features[name], loss_weight=weights.get(name, 1.0))
-            for name in labels
-        }
+        try:
+            heads = {
+                name: head_spec_from_feature(features[name], loss_weight=weights.get(name, 1.0))
+                for name in labels
+            }
+        except ValueError as exc:
+            raise ConfigError(f"{source}: data.labels: {_reason(exc)}") from None
     if not heads:
         raise ConfigError(
             f"{source}: heads: the dataset has no labels; name heads in the experiment"
         )
+    try:
+        check_names(inputs, heads)
+    except ModelInterfaceError as exc:
+        # Heads are named in the experiment, inputs by the dataset's features.
+        field = "" if str(exc).startswith("heads") else "data.features: "
+        raise ConfigError(f"{source}: {field}{exc}") from None
     io = ModelIO(inputs=inputs, heads=heads)
     if io.language_model:
         if [spec.kind for spec in inputs.values()] != ["tokens"]:
@@ -99,17 +117,33 @@ def model_io(config: ExperimentConfig, manifest: Manifest) -> ModelIO:
     return io
 
 
+def _reason(error: ValueError) -> str:
+    """One line for a spec that cannot be made: pydantic's first error, or the message."""
+    if isinstance(error, ValidationError):
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"{where}: {first['msg']}" if where else first["msg"]
+    return str(error)
+
+
 def open_manifest(config: ExperimentConfig) -> Manifest:
-    """The experiment's dataset manifest, with every split the experiment names checked."""
+    """The experiment's dataset manifest, with every split the experiment names checked:
+    there, and holding records (training or evaluating on nothing is a mistake)."""
     try:
         manifest = load_manifest(config.resolve(config.data.dataset))
     except DatasetError as exc:
         raise ConfigError(f"{config.source}: data.dataset: {exc}") from None
     for key in ("train_split", "eval_split", "test_split"):
         split = getattr(config.data, key)
-        if split is not None and split not in manifest.splits:
+        if split is None:
+            continue
+        if split not in manifest.splits:
             raise ConfigError(
                 f"{config.source}: data.{key}: the dataset has no split {split!r} "
                 f"(it has {sorted(manifest.splits)})"
+            )
+        if manifest.splits[split].num_records == 0:
+            raise ConfigError(
+                f"{config.source}: data.{key}: the dataset's split {split!r} holds no records"
             )
     return manifest

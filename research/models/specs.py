@@ -114,19 +114,26 @@ class HeadSpec(StrictModel):
 
 
 def check_names(inputs: Mapping[str, InputSpec], heads: Mapping[str, HeadSpec]) -> None:
-    """Refuse names Keras or a serving signature cannot carry, before any layer is made."""
+    """Refuse names Keras or a serving signature cannot carry, before any layer is made.
+
+    A ModelInterfaceError (a user error) whose message starts with the field at fault:
+    ``inputs``, ``heads`` or ``inputs.<name>`` / ``heads.<name>``.
+    """
     if not inputs:
-        raise ValueError("a model needs at least one input")
+        raise ModelInterfaceError("inputs: a model needs at least one input")
     if not heads:
-        raise ValueError("a model needs at least one head")
-    for name in (*inputs, *heads):
-        if not _NAME.match(name):
-            raise ValueError(
-                f"{name!r} cannot name a model input or output: use letters, digits, '_', '.', '-'"
-            )
+        raise ModelInterfaceError("heads: a model needs at least one head")
+    for field, names in (("inputs", inputs), ("heads", heads)):
+        for name in names:
+            if not _NAME.match(name):
+                raise ModelInterfaceError(
+                    f"{field}.{name}: {name!r} cannot name a model input or output (a "
+                    "serving signature key): start with a letter, then letters, digits, "
+                    "'_', '.', '-'"
+                )
     shared = sorted(set(inputs) & set(heads))
     if shared:
-        raise ValueError(f"names used for both an input and a head: {shared}")
+        raise ModelInterfaceError(f"heads: names used for both an input and a head: {shared}")
 
 
 def input_spec_from_feature(
@@ -161,11 +168,13 @@ def head_spec_from_feature(
     regression unless ``num_classes`` says its integer values are class ids.
     """
     if feature.type == "categorical":
-        return HeadSpec(
-            kind="classification",
-            num_classes=num_classes or len(feature.vocabulary),
-            loss_weight=loss_weight,
-        )
+        classes = num_classes or len(feature.vocabulary)
+        if classes < 2:
+            raise ValueError(
+                f"label {feature.name!r} has {classes} class(es) in the dataset; a "
+                "classification needs at least 2 (was the dataset built from no records?)"
+            )
+        return HeadSpec(kind="classification", num_classes=classes, loss_weight=loss_weight)
     if feature.type == "numeric":
         if num_classes is not None:
             return HeadSpec(kind="classification", num_classes=num_classes, loss_weight=loss_weight)

@@ -16,18 +16,20 @@ from training.precision import cpu_flags, needs_loss_scaling, resolve_precision
 @pytest.mark.parametrize(
     ("gpus", "flags", "expected"),
     [
-        (1, frozenset(), "mixed_float16"),
-        (0, frozenset({"avx512_bf16"}), "mixed_bfloat16"),
-        (0, frozenset({"amx_bf16", "avx2"}), "mixed_bfloat16"),
-        (0, frozenset({"avx2", "avx512f"}), "float32"),
+        ([(7, 5)], frozenset(), "mixed_float16"),
+        ([(6, 1)], frozenset(), "float32"),
+        ([], frozenset({"avx512_bf16"}), "mixed_bfloat16"),
+        ([], frozenset({"amx_bf16", "avx2"}), "mixed_bfloat16"),
+        ([], frozenset({"avx2", "avx512f"}), "float32"),
     ],
 )
-def test_auto_precision_follows_the_hardware(gpus, flags, expected):
+def test_auto_precision_without_a_probe_follows_the_hardware(gpus, flags, expected):
     assert resolve_precision("auto", gpus=gpus, flags=flags) == expected
 
 
 def test_explicit_precision_is_kept_and_only_float16_scales_the_loss():
-    assert resolve_precision("float32", gpus=4, flags=frozenset({"avx512_bf16"})) == "float32"
+    gpus = [(8, 0)] * 4
+    assert resolve_precision("float32", gpus=gpus, flags=frozenset({"avx512_bf16"})) == "float32"
     assert needs_loss_scaling("mixed_float16")
     assert not needs_loss_scaling("mixed_bfloat16")
 
