@@ -330,30 +330,18 @@ class CheckpointKeeper:
             stacklevel=3,
         )
 
-    def problem(self, step: int) -> str | None:
-        """Why the committed checkpoint of ``step`` could not be restored, or None when it
-        is there and its files match its commit marker (nothing is restored)."""
-        if int(step) not in committed_steps(self.directory):
-            return "not committed"
-        return _problem(self.directory, int(step))
-
-    def restore_latest(self, *, requires: Callable[[int], str | None] | None = None) -> int | None:
+    def restore_latest(self) -> int | None:
         """Restore the newest trustworthy committed checkpoint and return its step.
 
         A checkpoint that fails verification or restoration is skipped with a
-        ``CheckpointWarning`` and the one before it is tried; so is one of a step that
-        ``requires`` rejects (it returns why, or None to accept the step), for state
-        kept beside this checkpoint that must be restored from the same step. A
-        verified one that does not fit the objects raises ``CheckpointMismatchError``
+        ``CheckpointWarning`` and the one before it is tried. A verified one that does not fit the objects raises ``CheckpointMismatchError``
         (older ones would not fit either). None means there is no committed checkpoint
         (a fresh start); when there are some but none can be restored, CheckpointError
         is raised rather than silently starting over.
         """
         failures = []
         for step in committed_steps(self.directory):
-            reason = None if requires is None else requires(step)
-            if reason is None:
-                reason = self._try_restore(step)
+            reason = self._try_restore(step)
             if reason is None:
                 return step
             self._skip(step, reason)

@@ -68,11 +68,6 @@ def check_writable(directory: Path) -> None:
         ) from None
 
 
-def input_directory(checkpoint_dir: Path, worker: int) -> Path:
-    """Where worker ``worker`` keeps its input positions: each reads its own part of the data."""
-    return checkpoint_dir / "input" / f"worker-{worker}"
-
-
 class Controller:
     """Runs one Trainer: a context manager, since it holds the run's log open.
 
@@ -107,14 +102,6 @@ class Controller:
             is_chief=role.is_chief,
             worker_index=role.index,
             strategy=trainer.strategy,
-        )
-        self.input_keeper = CheckpointKeeper(
-            input_directory(config.checkpoint_path, role.index),
-            tf.train.Checkpoint(position=trainer.input_position),
-            # One more than the main checkpoints: it is saved first, so a kill right after
-            # it must still leave the position of the previous committed step.
-            keep=config.checkpoint.keep + 1,
-            keep_every_hours=config.checkpoint.keep_every_hours,
         )
         self.log = RunLog(
             config.run_path, self.task.total_steps, is_chief=role.is_chief, progress=progress
@@ -236,10 +223,6 @@ class Controller:
             return True
         if not self._state_finite(step):
             return False
-        # The input position goes first: the main checkpoint's commit marker is what
-        # makes step ``step`` resumable, so its input position must already be on disk
-        # whenever that marker exists (a kill between the two leaves the previous step).
-        self.input_keeper.save(step)
         self.keeper.save(step)
         return True
 
@@ -264,8 +247,7 @@ class Controller:
         """Resume from this run's newest committed checkpoint, else start from
         ``initialize_from``'s; the step restored, or None for a fresh start."""
         self._evaluations.clear()
-        own = self.keeper.directory
-        step = self.keeper.restore_latest(requires=self._input_restorer(own))
+        step = self.keeper.restore_latest()
         if step is not None:
             self.trainer.seek_input()
             self.log.event(step, f"resumed from checkpoint at step {step}")
@@ -274,36 +256,12 @@ class Controller:
             return None
         source = self.initialize_from
         start = CheckpointKeeper(source, self.keeper.checkpoint, keep=1)
-        step = start.restore_latest(requires=self._input_restorer(source))
+        step = start.restore_latest()
         if step is None:
             raise TrainingSetupError(f"{source}: no committed checkpoint to start from")
         self.trainer.seek_input()
         self.log.event(step, f"started from {source} at step {step}")
         return step
-
-    def _input_restorer(self, checkpoint_dir: Path) -> Callable[[int], str | None]:
-        """What ``restore_latest`` asks of a step: every worker's input position at that
-        step is sound (so every worker settles on the same step), and this worker's is
-        restored. Weights without their input position would read the wrong batches."""
-        role = self.trainer.role
-        positions = self.input_keeper.checkpoint
-
-        def restore_input(step: int) -> str | None:
-            for worker in range(role.count):
-                directory = input_directory(checkpoint_dir, worker)
-                problem = CheckpointKeeper(directory, positions, keep=1).problem(step)
-                if problem is not None:
-                    return f"the input position of worker {worker} is unusable: {problem}"
-            keeper = self.input_keeper
-            if checkpoint_dir != self.keeper.directory:
-                keeper = CheckpointKeeper(
-                    input_directory(checkpoint_dir, role.index), positions, keep=1
-                )
-            if keeper.restore(step) is None:
-                return f"the input position of worker {role.index} cannot be restored"
-            return None
-
-        return restore_input
 
     def _finite_enough(self) -> bool:
         """After too many non-finite updates in a row, go back to the last checkpoint.
@@ -329,7 +287,9 @@ class Controller:
         factor = self.task.config.training.nonfinite.learning_rate_factor
         # Lowered from the rate in use, not from the checkpoint's, which the restore brings back.
         scale = float(trainer.lr_scale.numpy()) * factor
+        position = int(trainer.input_position.numpy())
         restored = self.keeper.restore_latest()
+        trainer.input_position.assign(position)
         self._evaluations.clear()
         trainer.lr_scale.assign(scale)
         trainer.forget_nonfinite()

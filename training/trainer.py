@@ -21,9 +21,11 @@ batch of each update is split across the replicas of every worker, so R replicas
 examples one device would see with the same global batch, and make its update.
 
 Everything a resumed run needs to make bit-identical updates — weights, optimizer slots
-and step, the loss scale, the learning-rate scale, dropout RNG state (``checkpointed``)
-and the input's position (``input_position``) — is a checkpointable object here. The
-position is a count of micro-batches: the input stream is rebuilt from it
+and step, the loss scale, the learning-rate scale, dropout RNG state and the input's
+position — is in ``checkpointed``, so one checkpoint, verified as a whole, holds them
+all: weights can never be restored without the position they were trained to. The
+position is a count of micro-batches, the same on every worker (each reads the same
+stream and keeps its replicas' slices): the input stream is rebuilt from it
 (``seek_input``), so a checkpoint never holds a shuffle buffer.
 """
 
@@ -238,8 +240,9 @@ class Trainer:
 
     @property
     def checkpointed(self) -> dict[str, Any]:
-        """The objects a checkpoint must hold (the input position has its own, per worker)."""
+        """The objects a checkpoint must hold."""
         return {
+            "input_position": self.input_position,
             "model": self.model,
             "optimizer": self.optimizer,
             "lr_scale": self.lr_scale,
