@@ -28,8 +28,9 @@ committed step (worker logs are under ``<run_dir>/workers``). The script must th
 reach ``train`` with the same task every time, and be a script: an interactive session
 or a notebook cannot be started again as a copy of itself. A process that already has a
 ``TF_CONFIG`` (a Kubeflow TFJob, ``slipway train --worker``) trains as the worker it
-names. Workers die with the supervisor that started them, and a run directory holds one
-live run at a time (a second ``train`` there fails at once, see ``training.run_lock``).
+names. Workers die with the supervisor that started them, and a run directory, like a
+checkpoint directory, holds one live run at a time (a second ``train`` there fails at
+once, see ``training.run_lock``).
 A run keeps the precision it started in: precision ``auto`` is resolved once, recorded
 in ``<run_dir>/precision.json``, and read back by every resume and every worker.
 """
@@ -93,9 +94,10 @@ def train(
     if workers < 1:
         raise ValueError(f"workers must be at least 1. Received: workers={workers}")
     if "TF_CONFIG" not in os.environ:
-        # This process is the run: it alone may train in the run directory until it ends.
+        # This process is the run: it alone may train in the run directory, and into the
+        # checkpoint directory, until it ends.
         _check_setup(task, workers)
-        with exclusive_run(task.config.run_path):
+        with exclusive_run(task.config.run_path, task.config.checkpoint_path):
             finished = None if publish_again or not export else _finished_publication(task)
             if finished is not None:
                 _say_complete(task, finished)
