@@ -87,11 +87,11 @@ def resolve_precision(
     gpus: Sequence[tuple[int, int]] | None = None,
     flags: frozenset[str] | None = None,
 ) -> str:
-    """The concrete policy ``requested`` means without a probe: the safe default, which
-    is never slower than float32 where it is known to run. float32 on CPUs, bfloat16
-    on CPUs with AMX; on GPUs the hardware's first candidate (float16 on tensor cores).
-    What every worker of a group gets when no launcher chose for them, since workers
-    timing on their own could disagree."""
+    """The concrete policy ``requested`` means without a probe: the safe default.
+    float32 on CPUs unless they have AMX (AVX512-BF16 alone ran bfloat16 slower than
+    float32); on GPUs the hardware's first candidate (float16 on tensor cores). What
+    every worker of a group gets when no launcher chose for them and the run recorded
+    no choice, since workers timing on their own could disagree."""
     if requested != "auto":
         return requested
     gpus = gpu_capabilities() if gpus is None else gpus
