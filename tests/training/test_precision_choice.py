@@ -123,6 +123,15 @@ def precision_events(run_dir):
     return [r["message"] for r in rows if r["kind"] == "event" and "precision" in r["message"]]
 
 
+@pytest.fixture
+def bf16_cpu_without_amx(monkeypatch):
+    """This process sees a CPU with AVX512-BF16, no AMX and no GPU, whatever it runs on."""
+    import training.precision
+
+    monkeypatch.setattr(training.precision, "cpu_flags", lambda: BF16_CPU)
+    monkeypatch.setattr(training.precision, "gpu_capabilities", lambda: [])
+
+
 def test_a_probed_run_trains_exactly_like_one_that_found_the_choice_cached(
     tmp_path, dataset, monkeypatch
 ):
@@ -150,12 +159,13 @@ def test_a_probed_run_trains_exactly_like_one_that_found_the_choice_cached(
     assert "(auto: fastest by cached probe" in second
 
 
-def test_a_resumed_run_keeps_the_precision_it_started_with(tmp_path, dataset, monkeypatch):
+def test_a_resumed_run_keeps_the_precision_it_started_with(
+    tmp_path, dataset, monkeypatch, bf16_cpu_without_amx
+):
     """The cache is gone and a new probe would choose float32: the run still resumes in
     the precision it started with, and ends as an uninterrupted run in it would."""
     from functools import partialmethod
 
-    import training.precision
     import training.precision_probe
     from research.experiments import load_experiment
     from research.experiments.task import ExperimentTask
@@ -166,8 +176,6 @@ def test_a_resumed_run_keeps_the_precision_it_started_with(tmp_path, dataset, mo
 
     cache = tmp_path / "cache"
     monkeypatch.setenv(CACHE_DIR_ENV, str(cache))
-    monkeypatch.setattr(training.precision, "cpu_flags", lambda: BF16_CPU)
-    monkeypatch.setattr(training.precision, "gpu_capabilities", lambda: [])
     probe = Probe(mixed_bfloat16=0.004, float32=0.010)
     monkeypatch.setattr(training.precision_probe, "measure_update_seconds", lambda _, p: probe(p))
     settings = dict(training__steps=8, training__deterministic=True, checkpoint__every_steps=4)
@@ -238,15 +246,12 @@ def worker_task(run_dir, requested):
     ],
 )
 def test_every_worker_runs_the_precision_its_supervisor_chose(
-    tmp_path, monkeypatch, requested, from_supervisor, expected, reason
+    tmp_path, monkeypatch, bf16_cpu_without_amx, requested, from_supervisor, expected, reason
 ):
-    import training.precision
     from training.distribution import WorkerRole
     from training.launcher import PRECISION_ENV
     from training.run import PRECISION_REASON_ENV, _worker_precision
 
-    monkeypatch.setattr(training.precision, "cpu_flags", lambda: BF16_CPU)
-    monkeypatch.setattr(training.precision, "gpu_capabilities", lambda: [])
     if from_supervisor is None:
         monkeypatch.delenv(PRECISION_ENV, raising=False)
     else:
@@ -257,19 +262,16 @@ def test_every_worker_runs_the_precision_its_supervisor_chose(
 
 
 def test_workers_of_another_launcher_take_the_safe_default_then_the_runs_record(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, bf16_cpu_without_amx
 ):
     """A TFJob's workers: on a CPU with AVX512-BF16 but no AMX, float32, recorded by the
     chief; once the run records a choice, every worker runs it."""
-    import training.precision
     from training.distribution import WorkerRole
     from training.launcher import PRECISION_ENV
     from training.precision import PrecisionChoice, record_precision, recorded_precision
     from training.run import _worker_precision
 
     monkeypatch.delenv(PRECISION_ENV, raising=False)
-    monkeypatch.setattr(training.precision, "cpu_flags", lambda: BF16_CPU)
-    monkeypatch.setattr(training.precision, "gpu_capabilities", lambda: [])
     task = worker_task(tmp_path / "run", "auto")
 
     assert _worker_precision(task, WorkerRole(1, 2)).precision == "float32"
