@@ -9,6 +9,15 @@ float32), so when there is more than one candidate a short timed probe of the mo
 own update in each decides, and the timings are cached per machine and model shape
 (``$XDG_CACHE_HOME/slipway/precision.json``) so that only the first run pays for it.
 
+A run keeps the precision it started in: the choice is recorded in its run directory
+(``<run_dir>/precision.json``) and a resumed run, or any worker of it, reads it back
+instead of probing again; a probe on a machine whose cache was cleared could choose
+differently, and the resumed run would no longer be the one that was interrupted.
+
+Without a probe (a worker started by another launcher, whose peers could time
+differently) ``auto`` takes the safe default: float32 on CPUs unless they have AMX,
+and on GPUs with tensor cores their first reduced precision.
+
 Model outputs stay float32 whichever policy runs (the zoo ends every head in a float32
 activation), so losses and metrics are computed at full precision.
 """
@@ -25,11 +34,18 @@ from pathlib import Path
 from typing import Literal
 
 from contracts.atomic_files import write_json_atomically
+from training.errors import TrainingSetupError
 
 Precision = Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"]
+POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 _BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+# Matrix units that make bfloat16 pay on a CPU without a probe: AVX512-BF16 alone ran a
+# small model at 0.88x float32.
+_AMX_CPU_FLAGS = frozenset({"amx_bf16"})
 CACHE_DIR_ENV = "SLIPWAY_CACHE_DIR"
 CACHE_FORMAT = "slipway.precision/1"
+RUN_RECORD = "precision.json"
+RUN_RECORD_FORMAT = "slipway.run-precision/1"
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
@@ -71,16 +87,18 @@ def resolve_precision(
     gpus: Sequence[tuple[int, int]] | None = None,
     flags: frozenset[str] | None = None,
 ) -> str:
-    """The concrete policy ``requested`` means without a probe: the hardware's first
-    candidate. What every worker of a group gets when no launcher chose for them, since
-    workers timing on their own could disagree."""
+    """The concrete policy ``requested`` means without a probe: the safe default.
+    float32 on CPUs unless they have AMX (AVX512-BF16 alone ran bfloat16 slower than
+    float32); on GPUs the hardware's first candidate (float16 on tensor cores). What
+    every worker of a group gets when no launcher chose for them and the run recorded
+    no choice, since workers timing on their own could disagree."""
     if requested != "auto":
         return requested
-    found = candidates(
-        gpu_capabilities=gpu_capabilities() if gpus is None else gpus,
-        flags=cpu_flags() if flags is None else flags,
-    )
-    return found[0]
+    gpus = gpu_capabilities() if gpus is None else gpus
+    flags = cpu_flags() if flags is None else flags
+    if gpus:
+        return candidates(gpu_capabilities=gpus, flags=flags)[0]
+    return "mixed_bfloat16" if _AMX_CPU_FLAGS & flags else "float32"
 
 
 @dataclass(frozen=True)
@@ -190,6 +208,57 @@ def _write_cache(path: Path, entries: dict[str, dict[str, float]]) -> None:
         write_json_atomically(path, {"format": CACHE_FORMAT, "timings": entries})
     except OSError:
         pass
+
+
+def run_record(run_dir: Path) -> Path:
+    """Where a run keeps the precision it trains in."""
+    return run_dir / RUN_RECORD
+
+
+def record_precision(run_dir: Path, choice: PrecisionChoice) -> None:
+    """Record ``choice`` as the precision of the run in ``run_dir`` (atomically)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomically(
+        run_record(run_dir),
+        {
+            "format": RUN_RECORD_FORMAT,
+            "precision": choice.precision,
+            "reason": choice.reason,
+            "seconds_per_update": choice.seconds_per_update,
+        },
+    )
+
+
+def recorded_precision(run_dir: Path) -> PrecisionChoice | None:
+    """The precision the run in ``run_dir`` recorded at its start, its reason saying so;
+    None before a first start. A record that cannot be read is an error naming the file:
+    choosing afresh could change the precision of a run half trained."""
+    path = run_record(run_dir)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise _bad_record(path, f"cannot be read: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != RUN_RECORD_FORMAT:
+        raise _bad_record(path, f"is not a {RUN_RECORD_FORMAT} record")
+    precision, reason = data.get("precision"), data.get("reason")
+    if precision not in POLICIES:
+        raise _bad_record(path, f"names precision {precision!r}, expected one of {POLICIES}")
+    seconds = data.get("seconds_per_update")
+    then = str(reason).removeprefix("auto: ") if reason else "recorded"
+    return PrecisionChoice(
+        precision,
+        f"auto: as recorded for this run in {path}, {then}",
+        seconds if isinstance(seconds, dict) else {},
+    )
+
+
+def _bad_record(path: Path, problem: str) -> TrainingSetupError:
+    return TrainingSetupError(
+        f"{path} {problem}; it names the precision this run trains in. Restore it, or "
+        "remove it to let precision auto choose again"
+    )
 
 
 def apply_precision(policy: str) -> None:

@@ -28,8 +28,11 @@ committed step (worker logs are under ``<run_dir>/workers``). The script must th
 reach ``train`` with the same task every time, and be a script: an interactive session
 or a notebook cannot be started again as a copy of itself. A process that already has a
 ``TF_CONFIG`` (a Kubeflow TFJob, ``slipway train --worker``) trains as the worker it
-names. Workers die with the supervisor that started them, and a run directory holds one
-live run at a time (a second ``train`` there fails at once, see ``training.run_lock``).
+names. Workers die with the supervisor that started them, and a run directory, like a
+checkpoint directory, holds one live run at a time (a second ``train`` there fails at
+once, see ``training.run_lock``).
+A run keeps the precision it started in: precision ``auto`` is resolved once, recorded
+in ``<run_dir>/precision.json``, and read back by every resume and every worker.
 """
 
 from __future__ import annotations
@@ -55,13 +58,20 @@ from training.errors import (
     TrainingSetupError,
 )
 from training.launcher import PRECISION_ENV, die_with_supervisor
-from training.precision import PrecisionChoice, resolve_precision
+from training.precision import (
+    PrecisionChoice,
+    record_precision,
+    recorded_precision,
+    resolve_precision,
+)
 from training.precision_probe import choose_for_task
 from training.run_lock import exclusive_run
 from training.supervisor import Supervisor
 from training.trainer import Trainer, micro_batch_sizes
 
 console = Console()
+# Why the supervisor chose the precision it passes on (PRECISION_ENV), for the run log.
+PRECISION_REASON_ENV = "SLIPWAY_PRECISION_REASON"
 
 
 def train(
@@ -84,19 +94,20 @@ def train(
     if workers < 1:
         raise ValueError(f"workers must be at least 1. Received: workers={workers}")
     if "TF_CONFIG" not in os.environ:
-        # This process is the run: it alone may train in the run directory until it ends.
+        # This process is the run: it alone may train in the run directory, and into the
+        # checkpoint directory, until it ends.
         _check_setup(task, workers)
-        with exclusive_run(task.config.run_path):
+        with exclusive_run(task.config.run_path, task.config.checkpoint_path):
             finished = None if publish_again or not export else _finished_publication(task)
             if finished is not None:
                 _say_complete(task, finished)
                 return finished
-            precision = choose_for_task(task)
+            precision = _run_precision(task, record=True)
             if workers > 1:
                 return _supervise(task, workers, precision, max_restarts=max_restarts)
             return _train_here(task, worker_role(), precision, export=export, progress=progress)
     role = worker_role()
-    precision = _worker_precision(task)
+    precision = _worker_precision(task, role)
     if workers == 1:
         return _train_here(task, role, precision, export=export, progress=progress)
     die_with_supervisor()
@@ -112,7 +123,7 @@ def export_latest(task: ExperimentTask) -> tuple[int, Path]:
     """Publish the weights of the experiment's latest committed checkpoint, with their
     results on the held-out splits; ``(version, directory)``."""
     role = WorkerRole(index=0, count=1)
-    precision = choose_for_task(task).precision
+    precision = _run_precision(task, record=False).precision
     trainer = Trainer(task, choose_strategy(role), role, precision=precision)
     with Controller(trainer, eval_every_steps=None, progress=False) as controller:
         step = controller.restore()
@@ -133,17 +144,42 @@ def _check_setup(task: ExperimentTask, workers: int) -> None:
     check_writable(task.config.checkpoint_path)
 
 
-def _worker_precision(task: ExperimentTask) -> PrecisionChoice:
-    """A worker's precision: the launching supervisor's choice, else (a worker started by
-    another launcher, which could not agree with its peers on timings of its own) the
-    hardware's default."""
+def _run_precision(task: ExperimentTask, *, record: bool) -> PrecisionChoice:
+    """The precision the run trains in: as configured; for ``auto`` the one recorded at
+    the run's first start, or at a first start the probe's choice. With ``record`` (the
+    process holding the run's lock) the choice is recorded for every resume and worker."""
+    run_dir = task.config.run_path
+    if task.config.training.precision == "auto":
+        recorded = recorded_precision(run_dir)
+        if recorded is not None:
+            return recorded
+    choice = choose_for_task(task)
+    if record:
+        record_precision(run_dir, choice)
+    return choice
+
+
+def _worker_precision(task: ExperimentTask, role: WorkerRole) -> PrecisionChoice:
+    """A worker's precision: the launching supervisor's choice, else the one the run
+    recorded, else (a first start under another launcher, whose workers could not agree
+    on timings of their own) the safe default, which the chief records."""
     requested = task.config.training.precision
+    if requested != "auto":
+        return PrecisionChoice(requested, "as configured")
     chosen = os.environ.get(PRECISION_ENV)
-    if requested == "auto" and chosen:
-        return PrecisionChoice(chosen, "auto: chosen by the supervisor's probe")
-    if requested == "auto":
-        return PrecisionChoice(resolve_precision(requested), "auto: the hardware's default")
-    return PrecisionChoice(requested, "as configured")
+    if chosen:
+        why = os.environ.get(PRECISION_REASON_ENV) or "auto: chosen by the supervisor"
+        return PrecisionChoice(chosen, why)
+    recorded = recorded_precision(task.config.run_path)
+    if recorded is not None:
+        return recorded
+    default = PrecisionChoice(
+        resolve_precision(requested),
+        "auto: the safe default without a probe",
+    )
+    if role.is_chief:
+        record_precision(task.config.run_path, default)
+    return default
 
 
 def _train_here(
@@ -243,7 +279,7 @@ def _supervise(
         workers,
         max_restarts=max_restarts,
         log_dir=config.run_path / "workers",
-        env={PRECISION_ENV: precision.precision},
+        env={PRECISION_ENV: precision.precision, PRECISION_REASON_ENV: precision.reason},
         permanent_exit_codes=(EXIT_INVALID, EXIT_DIVERGED),
     )
     code = supervisor.run()

@@ -4,6 +4,7 @@ the probe's timings are injected, and only the decision and its cache are checke
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -122,6 +123,15 @@ def precision_events(run_dir):
     return [r["message"] for r in rows if r["kind"] == "event" and "precision" in r["message"]]
 
 
+@pytest.fixture
+def bf16_cpu_without_amx(monkeypatch):
+    """This process sees a CPU with AVX512-BF16, no AMX and no GPU, whatever it runs on."""
+    import training.precision
+
+    monkeypatch.setattr(training.precision, "cpu_flags", lambda: BF16_CPU)
+    monkeypatch.setattr(training.precision, "gpu_capabilities", lambda: [])
+
+
 def test_a_probed_run_trains_exactly_like_one_that_found_the_choice_cached(
     tmp_path, dataset, monkeypatch
 ):
@@ -149,28 +159,128 @@ def test_a_probed_run_trains_exactly_like_one_that_found_the_choice_cached(
     assert "(auto: fastest by cached probe" in second
 
 
+def test_a_resumed_run_keeps_the_precision_it_started_with(
+    tmp_path, dataset, monkeypatch, bf16_cpu_without_amx
+):
+    """The cache is gone and a new probe would choose float32: the run still resumes in
+    the precision it started with, and ends as an uninterrupted run in it would."""
+    from functools import partialmethod
+
+    import training.precision_probe
+    from research.experiments import load_experiment
+    from research.experiments.task import ExperimentTask
+    from tests.training.experiments import write_experiment
+    from training.controller import Controller
+    from training.precision import CACHE_DIR_ENV, RUN_RECORD
+    from training.run import train
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(CACHE_DIR_ENV, str(cache))
+    probe = Probe(mixed_bfloat16=0.004, float32=0.010)
+    monkeypatch.setattr(training.precision_probe, "measure_update_seconds", lambda _, p: probe(p))
+    settings = dict(training__steps=8, training__deterministic=True, checkpoint__every_steps=4)
+
+    def run(name, precision, **train_options):
+        path = write_experiment(tmp_path / name, dataset, training__precision=precision, **settings)
+        task = ExperimentTask(load_experiment(path))
+        with monkeypatch.context() as patched:
+            if train_options:
+                patched.setattr(
+                    Controller, "train", partialmethod(Controller.train, **train_options)
+                )
+            return train(task, export=False, progress=False)
+
+    first = run("resumed", "auto", until_step=4)  # as if killed after step 4's checkpoint
+    assert (first.step, first.precision) == (4, "mixed_bfloat16")
+    record = json.loads((tmp_path / "resumed" / "run" / RUN_RECORD).read_text())
+    assert record["precision"] == "mixed_bfloat16"
+
+    shutil.rmtree(cache)
+    probe.seconds = {"mixed_bfloat16": 0.020, "float32": 0.010}
+    probe.measured.clear()
+    resumed = run("resumed", "auto")
+    assert (resumed.step, resumed.precision) == (8, "mixed_bfloat16")
+    assert probe.measured == []
+    started, again = precision_events(tmp_path / "resumed" / "run")
+    assert started.startswith("precision mixed_bfloat16 (auto: fastest by probe;")
+    assert again.startswith("precision mixed_bfloat16 (auto: as recorded for this run in ")
+    assert "precision.json, fastest by probe;" in again
+
+    whole = run("whole", "mixed_bfloat16")
+    assert resumed.weights_sha256 == whole.weights_sha256
+
+
+def test_an_unreadable_run_record_is_an_error_naming_it(tmp_path):
+    from training.errors import TrainingSetupError
+    from training.precision import (
+        RUN_RECORD,
+        RUN_RECORD_FORMAT,
+        PrecisionChoice,
+        record_precision,
+        recorded_precision,
+    )
+
+    assert recorded_precision(tmp_path) is None
+    record_precision(tmp_path, PrecisionChoice("float32", "as configured"))
+    assert recorded_precision(tmp_path).precision == "float32"
+    wrong_policy = {"format": RUN_RECORD_FORMAT, "precision": "int8"}
+    for broken in ("{", json.dumps({"format": "other"}), json.dumps(wrong_policy)):
+        (tmp_path / RUN_RECORD).write_text(broken)
+        with pytest.raises(TrainingSetupError, match=f"{RUN_RECORD} .*remove it"):
+            recorded_precision(tmp_path)
+
+
+def worker_task(run_dir, requested):
+    from types import SimpleNamespace
+
+    training = SimpleNamespace(precision=requested)
+    return SimpleNamespace(config=SimpleNamespace(training=training, run_path=run_dir))
+
+
 @pytest.mark.parametrize(
     ("requested", "from_supervisor", "expected", "reason"),
     [
-        ("auto", "float32", "float32", "auto: chosen by the supervisor's probe"),
-        ("auto", None, None, "auto: the hardware's default"),
+        ("auto", "mixed_bfloat16", "mixed_bfloat16", "auto: fastest by probe"),
+        ("auto", None, "float32", "auto: the safe default without a probe"),
         ("mixed_bfloat16", "float32", "mixed_bfloat16", "as configured"),
     ],
 )
 def test_every_worker_runs_the_precision_its_supervisor_chose(
-    monkeypatch, requested, from_supervisor, expected, reason
+    tmp_path, monkeypatch, bf16_cpu_without_amx, requested, from_supervisor, expected, reason
 ):
-    from types import SimpleNamespace
-
+    from training.distribution import WorkerRole
     from training.launcher import PRECISION_ENV
-    from training.precision import resolve_precision
-    from training.run import _worker_precision
+    from training.run import PRECISION_REASON_ENV, _worker_precision
 
     if from_supervisor is None:
         monkeypatch.delenv(PRECISION_ENV, raising=False)
     else:
         monkeypatch.setenv(PRECISION_ENV, from_supervisor)
-    task = SimpleNamespace(config=SimpleNamespace(training=SimpleNamespace(precision=requested)))
-    choice = _worker_precision(task)
-    assert choice.precision == (expected or resolve_precision("auto"))
-    assert choice.reason == reason
+        monkeypatch.setenv(PRECISION_REASON_ENV, "auto: fastest by probe")
+    choice = _worker_precision(worker_task(tmp_path, requested), WorkerRole(1, 2))
+    assert (choice.precision, choice.reason) == (expected, reason)
+
+
+def test_workers_of_another_launcher_take_the_safe_default_then_the_runs_record(
+    tmp_path, monkeypatch, bf16_cpu_without_amx
+):
+    """A TFJob's workers: on a CPU with AVX512-BF16 but no AMX, float32, recorded by the
+    chief; once the run records a choice, every worker runs it."""
+    from training.distribution import WorkerRole
+    from training.launcher import PRECISION_ENV
+    from training.precision import PrecisionChoice, record_precision, recorded_precision
+    from training.run import _worker_precision
+
+    monkeypatch.delenv(PRECISION_ENV, raising=False)
+    task = worker_task(tmp_path / "run", "auto")
+
+    assert _worker_precision(task, WorkerRole(1, 2)).precision == "float32"
+    assert recorded_precision(tmp_path / "run") is None  # only the chief records
+    assert _worker_precision(task, WorkerRole(0, 2)).precision == "float32"
+    assert recorded_precision(tmp_path / "run").precision == "float32"
+
+    record_precision(tmp_path / "run", PrecisionChoice("mixed_bfloat16", "auto: fastest by probe"))
+    for index in (0, 1):
+        choice = _worker_precision(task, WorkerRole(index, 2))
+        assert choice.precision == "mixed_bfloat16"
+        assert choice.reason.startswith("auto: as recorded for this run in ")

@@ -1,6 +1,6 @@
 """`slipway train` as real processes under faults that used to fork or break a run: a
-killed supervisor, a second run in the same directory, an experiment edited after its
-checkpoints were written."""
+killed supervisor, a second run in the same run or checkpoint directory, an experiment
+edited after its checkpoints were written."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from contracts.ownership import try_lock
 from tests.training.experiments import build_digits_dataset, write_experiment
 from tests.training.test_trainer_processes import _worker_pid, finish, slipway, wait_for_step
 from training.checkpoints import latest_committed_step
-from training.run_lock import LOCK_FILE
+from training.run_lock import LOCK_FILE, RunInUseError, exclusive_run
 
 pytestmark = pytest.mark.integration
 TIMEOUT = 120
@@ -93,3 +93,46 @@ def test_an_experiment_edited_after_its_checkpoints_is_a_user_error_never_retrie
     log = (tmp_path / "run" / "workers" / "worker-0.log").read_text()
     assert log.count("===== attempt ") == 1
     assert latest_committed_step(tmp_path / "run" / "checkpoints") == 10
+
+
+def test_two_experiments_never_train_into_one_checkpoint_directory_at_once(tmp_path, dataset):
+    shared = tmp_path / "shared-checkpoints"
+    common = dict(checkpoint__directory=str(shared), checkpoint__every_steps=5)
+    first = write_experiment(tmp_path / "a", dataset, training__steps=100_000, **common)
+    second = write_experiment(tmp_path / "b", dataset, training__steps=10, **common)
+    heartbeat = tmp_path / "heartbeat"
+    holder = slipway(
+        "train",
+        str(first),
+        "--quiet",
+        "--no-export",
+        env={"SLIPWAY_HEARTBEAT_FILE": str(heartbeat)},
+    )
+    try:
+        wait_for_step(heartbeat, holder, 2)
+        wide = {"COLUMNS": "1000"}
+        code, output = finish(slipway("train", str(second), "--quiet", "--no-export", env=wide))
+    finally:
+        holder.kill()
+        holder.wait(timeout=TIMEOUT)
+    assert code == 2, output
+    flat = " ".join(output.split())
+    assert (
+        f"{shared}: another slipway train is writing its checkpoints to this checkpoint "
+        f"directory (pid {holder.pid}, run directory {tmp_path / 'a' / 'run'})"
+    ) in flat
+    assert "Traceback" not in output
+    assert not (tmp_path / "b" / "run" / "metrics.jsonl").exists()
+
+
+def test_the_checkpoint_lock_is_the_run_lock_held_on_a_second_directory(tmp_path):
+    shared = tmp_path / "checkpoints"
+    with exclusive_run(tmp_path / "a", shared):
+        with pytest.raises(RunInUseError) as refused, exclusive_run(tmp_path / "b", shared):
+            pass
+        assert f"(pid {os.getpid()}, run directory {tmp_path / 'a'})" in str(refused.value)
+        released = try_lock(tmp_path / "b" / LOCK_FILE)  # b's own lock was let go
+        assert released is not None
+        released.release()
+    with exclusive_run(tmp_path / "b", shared), exclusive_run(tmp_path / "c", tmp_path / "c"):
+        pass  # one directory as both is locked once
