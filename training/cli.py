@@ -34,7 +34,7 @@ exit codes:
   0    trained (and published)
   1    a group of workers gave up after its restarts
   2    the experiment is invalid (or was changed after its checkpoints were written),
-       or another run is training in its run directory; nothing was trained or overwritten
+       or another run is training in its run or checkpoint directory; nothing was trained or overwritten
   3    the loss kept diverging
   143  preempted; a checkpoint was saved, run the same command to resume
 """
