@@ -31,13 +31,7 @@ from apache_beam.runners.dask import dask_runner as beam_dask
 from apache_beam.runners.runner import PipelineResult, PipelineState
 from distributed import Client, LocalCluster
 
-from research.data.dask_translation import (
-    CounterKey,
-    DaskGraph,
-    overrides,
-    sibling_par_dos,
-    sum_counters,
-)
+from research.data.dask_translation import CounterKey, DaskGraph, overrides, sum_counters
 from research.data.runners import DEFAULT_DASK_WORKERS, LocalClusterOptions
 
 LOOPBACK = "127.0.0.1"
@@ -134,7 +128,7 @@ class DaskRunner(beam_dask.DaskRunner):
         pipeline.replace_all(overrides())
         with connect(connection, options.view_as(LocalClusterOptions).workers) as client:
             partitions = bag_options.get("npartitions") or default_partitions(client)
-            graph = DaskGraph(bag_options, sibling_par_dos(pipeline), partitions)
+            graph = DaskGraph(bag_options, partitions)
             pipeline.visit(graph)
             bundles = client.gather(client.compute(graph.counters()))
         return FinishedResult(sum_counters(bundles))

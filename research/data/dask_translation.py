@@ -14,10 +14,13 @@ into ``dask.bag`` operations, but a dataset build does not survive its ``ParDo``
   built), so most side files would never be written.
 
 This module keeps Beam's overrides (``Create``, ``Reshuffle``, ``Flatten`` as
-runner-side primitives) and translates them itself. Each partition is one bundle: the
-DoFn runs under a metrics container, and the bundle returns what every tag received
-up to and including ``finish_bundle``, with its counters; each output collection
-reads its own tag. Every side input is one graph node, computed once and handed whole
+runner-side primitives) and translates them itself. ParDos are fused into stages, as
+Beam's other runners fuse them (see ``DaskGraph``): a stage runs one task per
+partition, which is one bundle of each of its ParDos, each under its own metrics
+container; every element passes through the whole stage before the next is read, and
+the task returns only what leaves the stage, per tag, up to and including
+``finish_bundle``, with its counters. Without fusion every ParDo's output was a list
+held in worker memory, several copies of every record per partition. Every side input is one graph node, computed once and handed whole
 to the tasks that read it. Computing the counters runs every ParDo (writers
 included), and counts come from the task attempts that succeeded, once each (see
 ``DaskGraph``). ``GroupByKey`` is a bag ``groupby`` over the task-based shuffle, which
@@ -46,8 +49,8 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import apache_beam as beam
@@ -143,36 +146,12 @@ def overrides() -> list[PTransformOverride]:
     return [_LiftCombinePerKey(), _GroupByKeyInGlobalWindow(), *dask_overrides()]
 
 
-# --------------------------------------------------------------------------- ParDo
+# --------------------------------------------------------------------------- stages
 
 
 BundleId = tuple[str, int]  # (step, partition)
 Counters = dict[BundleId, dict[CounterKey, int]]
-
-
-class _Partition(list):
-    """One tag's elements from one bundle, carrying the counters of that bundle and of
-    the ParDo bundles upstream of it whose counters were not collected separately."""
-
-    def __init__(self, elements: Iterable[Any] = (), counters: Counters | None = None) -> None:
-        super().__init__(elements)
-        self.counters: Counters = counters or {}
-
-
-class _ListReceiver(Receiver):
-    def __init__(self) -> None:
-        self.values = _Partition()
-
-    def receive(self, windowed_value: WindowedValue) -> None:
-        self.values.append(windowed_value.value)
-
-
-class _Receivers(dict):
-    """Output tag -> receiver, made on first use (a DoFn may emit any declared tag)."""
-
-    def __missing__(self, tag: str | None) -> _ListReceiver:
-        receiver = self[tag] = _ListReceiver()
-        return receiver
+Output = tuple[int, str | None]  # (member, tag)
 
 
 @dataclass(frozen=True)
@@ -182,106 +161,159 @@ class _SideInputView:
 
 
 @dataclass(frozen=True)
-class _ParDoPlan:
-    """What a worker needs to run one ParDo over one bundle."""
+class _MemberPlan:
+    """One ParDo of a stage: what it runs, what it reads and who reads its outputs."""
 
     label: str
     fn: beam.DoFn
     args: Sequence[Any]
     kwargs: dict[str, Any]
     side_inputs: tuple[_SideInputView, ...]
+    side_slots: tuple[int, ...]  # where each side input is in the stage's side values
+    consumers: dict[str | None, tuple[int, ...]]  # tag -> members reading it
 
 
 @dataclass(frozen=True)
-class _BundleResult:
-    outputs: dict[str | None, _Partition]
+class _StagePlan:
+    """What a worker needs to run one stage over one partition of its root."""
+
+    members: tuple[_MemberPlan, ...]
+    reads_root: tuple[int, ...]  # members whose main input is the root
+    outputs: tuple[Output, ...]  # outputs that other stages, shuffles or side inputs read
+
+
+@dataclass(frozen=True)
+class _StageResult:
+    outputs: tuple[list[Any], ...]
     counters: Counters
+
+
+class _Fanout(Receiver):
+    """Hands each output on to the fused ParDos that read it, and keeps it when it
+    leaves the stage."""
+
+    def __init__(self, kept: list[Any] | None) -> None:
+        self.kept = kept
+        self.targets: list[Callable[[WindowedValue], None]] = []
+
+    def receive(self, windowed_value: WindowedValue) -> None:
+        if self.kept is not None:
+            self.kept.append(windowed_value.value)
+        for target in self.targets:
+            target(windowed_value)
+
+
+class _Receivers(dict):
+    """Output tag -> receiver; a tag nobody reads goes nowhere."""
+
+    def __missing__(self, tag: str | None) -> _Fanout:
+        receiver = self[tag] = _Fanout(None)
+        return receiver
 
 
 # Bags hold plain values, all in the global window (WindowInto is refused).
 _windowed = GlobalWindows.windowed_value
 
 
-def _run_bundle(
-    elements: Iterable[Any], index: list[int], plan: _ParDoPlan, *side_values: list[Any]
-) -> list[_BundleResult]:
-    """Run ``plan``'s DoFn over partition ``index`` (one bundle).
+def _run_stage(
+    elements: Iterable[Any], index: list[int], plan: _StagePlan, *side_values: list[Any]
+) -> list[_StageResult]:
+    """Run ``plan``'s ParDos over partition ``index`` of its root, as one bundle each.
 
-    Returns a one-item list holding a ``_BundleResult`` (bag partitions are sequences).
+    Every element goes through the whole chain before the next is read, each ParDo
+    under its own metrics container, and only the outputs that leave the stage are
+    kept. Returns a one-item list (bag partitions are sequences).
     """
-    return [_run_dofn(elements, index[0], plan, side_values)]
-
-
-def _run_siblings(
-    elements: Iterable[Any], index: list[int], plans: tuple[_ParDoPlan, ...]
-) -> list[tuple[_BundleResult, ...]]:
-    """Run several ParDos that read the same partition, one after the other, in one task."""
-    elements = elements if isinstance(elements, list) else list(elements)
-    return [tuple(_run_dofn(elements, index[0], plan, ()) for plan in plans)]
-
-
-def _run_dofn(
-    elements: Iterable[Any], index: int, plan: _ParDoPlan, side_values: Sequence[list[Any]]
-) -> _BundleResult:
-    """One bundle of ``plan``'s DoFn, under a metrics container."""
-    receivers = _Receivers()
-    container = MetricsContainer(plan.label)
-    sampler = statesampler.StateSampler(plan.label, counters.CounterFactory())
-    side_inputs = [
-        SideInputMap(view.view_class, view.options, [_windowed(value) for value in values])
-        for view, values in zip(plan.side_inputs, side_values, strict=True)
-    ]
+    kept = {output: [] for output in plan.outputs}
+    receivers = [_Receivers() for _ in plan.members]
+    for (member, tag), values in kept.items():
+        receivers[member][tag] = _Fanout(values)
+    sampler = statesampler.StateSampler("stage", counters.CounterFactory())
     statesampler.set_current_tracker(sampler)
     try:
-        with sampler.scoped_state(plan.label, "process", metrics_container=container):
-            invoker = DoFnInvoker.create_invoker(
-                DoFnSignature(plan.fn),
-                _OutputHandler(
-                    window_fn=None,
-                    main_receivers=receivers[None],
-                    tagged_receivers=receivers,
-                    per_element_output_counter=None,
-                    output_batch_converter=None,
-                    process_yields_batches=False,
-                    process_batch_yields_elements=False,
-                ),
-                context=DoFnContext(plan.label, state=None),
-                side_inputs=side_inputs,
-                input_args=list(plan.args),
-                input_kwargs=dict(plan.kwargs),
-                user_state_context=None,
-                bundle_finalizer_param=beam.DoFn.BundleFinalizerParam(),
-            )
-            invoker.invoke_setup()
-            invoker.invoke_start_bundle()
-            for element in elements:
-                invoker.invoke_process(_windowed(element))
-            invoker.invoke_finish_bundle()
-            invoker.invoke_teardown()
+        containers = [MetricsContainer(member.label) for member in plan.members]
+        states = [
+            sampler.scoped_state(member.label, "process", metrics_container=container)
+            for member, container in zip(plan.members, containers, strict=True)
+        ]
+        invokers = [
+            _invoker(member, receivers[position], side_values)
+            for position, member in enumerate(plan.members)
+        ]
+        calls = [
+            _call_under(state, invoker) for state, invoker in zip(states, invokers, strict=True)
+        ]
+        for position, member in enumerate(plan.members):
+            for tag, readers in member.consumers.items():
+                receivers[position][tag].targets.extend(calls[reader] for reader in readers)
+        for state, invoker in zip(states, invokers, strict=True):
+            with state:
+                invoker.invoke_setup()
+                invoker.invoke_start_bundle()
+        roots = [calls[reader] for reader in plan.reads_root]
+        for element in elements:
+            windowed = _windowed(element)
+            for call in roots:
+                call(windowed)
+        # In stage order, so what a finishing ParDo emits reaches its readers unfinished.
+        for state, invoker in zip(states, invokers, strict=True):
+            with state:
+                invoker.invoke_finish_bundle()
+        for state, invoker in zip(states, invokers, strict=True):
+            with state:
+                invoker.invoke_teardown()
     finally:
         statesampler.set_current_tracker(None)
-    upstream: Counters = getattr(elements, "counters", {})
-    own = {
-        (key.step, key.metric.namespace, key.metric.name): int(value)
-        for key, value in container.get_cumulative().counters.items()
+    bundles = {
+        (member.label, index[0]): {
+            (key.step, key.metric.namespace, key.metric.name): int(value)
+            for key, value in container.get_cumulative().counters.items()
+        }
+        for member, container in zip(plan.members, containers, strict=True)
     }
-    carried = {**upstream, (plan.label, index): own}
-    outputs = {tag: receiver.values for tag, receiver in receivers.items()}
-    for values in outputs.values():
-        values.counters = carried
-    return _BundleResult(outputs, carried)
+    return [_StageResult(tuple(kept[output] for output in plan.outputs), bundles)]
 
 
-def _outputs_of(partition: list[_BundleResult], tag: str | None) -> _Partition:
-    result = partition[0]
-    return result.outputs.get(tag) or _Partition(counters=result.counters)
+def _invoker(member: _MemberPlan, receivers: _Receivers, side_values: Sequence[list[Any]]) -> Any:
+    side_inputs = [
+        SideInputMap(view.view_class, view.options, [_windowed(v) for v in side_values[slot]])
+        for view, slot in zip(member.side_inputs, member.side_slots, strict=True)
+    ]
+    return DoFnInvoker.create_invoker(
+        DoFnSignature(member.fn),
+        _OutputHandler(
+            window_fn=None,
+            main_receivers=receivers[None],
+            tagged_receivers=receivers,
+            per_element_output_counter=None,
+            output_batch_converter=None,
+            process_yields_batches=False,
+            process_batch_yields_elements=False,
+        ),
+        context=DoFnContext(member.label, state=None),
+        side_inputs=side_inputs,
+        input_args=list(member.args),
+        input_kwargs=dict(member.kwargs),
+        user_state_context=None,
+        bundle_finalizer_param=beam.DoFn.BundleFinalizerParam(),
+    )
 
 
-def _sibling_result(partition: list[tuple[_BundleResult, ...]], position: int) -> Any:
-    return [partition[0][position]]
+def _call_under(state: Any, invoker: Any) -> Callable[[WindowedValue], None]:
+    """``invoker.invoke_process`` with its ParDo's metrics container current."""
+
+    def call(windowed_value: WindowedValue) -> None:
+        with state:
+            invoker.invoke_process(windowed_value)
+
+    return call
 
 
-def _counters_of(partition: list[_BundleResult]) -> list[Counters]:
+def _stage_output(partition: list[_StageResult], position: int) -> list[Any]:
+    return partition[0].outputs[position]
+
+
+def _counters_of(partition: list[_StageResult]) -> list[Counters]:
     return [partition[0].counters]
 
 
@@ -292,76 +324,178 @@ def _concatenate(parts: Iterable[list[Any]]) -> list[Any]:
 # --------------------------------------------------------------------------- graph
 
 
-class DaskGraph(PipelineVisitor):
-    """Visits a pipeline's primitives and builds the equivalent bags.
+@dataclass(eq=False)
+class _Stage:
+    """ParDos fused into one task per partition of ``root`` (see ``DaskGraph``)."""
 
-    A ParDo's counters travel with its outputs into the ParDos that read them as main
-    input, so a chain of ParDos stays a chain of tasks that Dask fuses into one per
-    partition. Wherever else a ParDo's output goes (a shuffle, a Flatten, a side
-    input, nowhere), its counters are collected from the ParDo itself: after the
-    visit, ``counters()`` lists those bags, and computing them runs the whole pipeline.
-    Bundles are named by step and partition, so counters that reach the end by two
-    paths are counted once.
+    root: beam.PCollection
+    members: list[AppliedPTransform] = field(default_factory=list)
+
+
+class DaskGraph(PipelineVisitor):
+    """Plans a pipeline's primitives as fused stages, then builds the equivalent bags.
+
+    A ParDo joins the stage that produces its main input (or that reads the same
+    collection), as Beam's other runners fuse them, unless a side input it reads is
+    computed from that stage's own outputs: such a ParDo waits, in a stage of its own,
+    for that side input. A stage runs as one task per partition, every element going
+    through all its ParDos in turn, so a collection that only feeds other ParDos of the
+    stage is never held in memory: only what leaves the stage (for a shuffle, a
+    Flatten, a side input or a later stage) is kept. Each stage reports its ParDos'
+    counters, named by step and partition, and computing every stage's counters
+    (``counters()``) runs the whole pipeline.
     """
 
-    def __init__(
-        self,
-        create_partitions: dict[str, int],
-        siblings: dict[beam.PCollection, list[AppliedPTransform]],
-        partitions: int,
-    ) -> None:
-        self._partitions = partitions
-        self._bags: dict[beam.PCollection, db.Bag] = {}
-        self._siblings = siblings
-        self._sibling_runs: dict[beam.PCollection, db.Bag] = {}
+    def __init__(self, create_partitions: dict[str, int], partitions: int) -> None:
         self._create_partitions = create_partitions
-        self._results: dict[AppliedPTransform, db.Bag] = {}
-        self._read_by_par_do: dict[beam.PCollection, int] = defaultdict(int)
-        self._read: dict[beam.PCollection, int] = defaultdict(int)
+        self._partitions = partitions
+        self._nodes: list[AppliedPTransform] = []
+        self._producer: dict[beam.PCollection, AppliedPTransform] = {}
+        self._readers: dict[beam.PCollection, list[AppliedPTransform]] = defaultdict(list)
+        self._stage_of: dict[AppliedPTransform, _Stage] = {}
+        self._rooted: dict[beam.PCollection, list[_Stage]] = defaultdict(list)
+        self._stages: list[_Stage] = []
+        self._bags: dict[beam.PCollection, db.Bag] = {}
+        self._results: dict[_Stage, db.Bag] = {}
         self._partition_indices: dict[int, db.Bag] = {}
 
+    # -- planning (the visit) ----------------------------------------------------------
+
     def visit_transform(self, node: AppliedPTransform) -> None:
-        transform = node.transform
-        kind = type(transform)
-        inputs = [self._bags[pcoll] for pcoll in node.inputs if isinstance(pcoll, beam.PCollection)]
-        for pcoll in (*node.main_inputs.values(), *(side.pvalue for side in node.side_inputs)):
-            self._read[pcoll] += 1
-        if kind is _Create:
-            outputs = {None: self._create(list(transform.values))}
-        elif kind is beam.ParDo:
-            self._read_by_par_do[next(iter(node.main_inputs.values()))] += 1
-            outputs = self._par_do(node, inputs[0])
-        elif kind is _GroupByKeyOnly:
-            grouped = self._at_most(inputs[0]).groupby(_key, shuffle="tasks")
-            outputs = {None: grouped.map(_key_and_values)}
-        elif kind is _GatherAccumulators:
-            outputs = {None: inputs[0].repartition(npartitions=1).map_partitions(_group_all)}
-        elif kind is _Reshuffle:
-            outputs = {None: self._at_least(inputs[0])}
-        elif kind is _Flatten:
-            outputs = {None: db.concat(inputs) if inputs else db.from_sequence([], npartitions=1)}
-        else:
+        kind = type(node.transform)
+        if kind not in _PRIMITIVES:
             raise NotImplementedError(
                 f"the Dask runner cannot run {node.full_label!r}: {kind.__module__}."
                 f"{kind.__qualname__} is not a primitive it translates"
             )
-        for tag, pcoll in node.outputs.items():
-            self._bags[pcoll] = outputs[tag]
+        for pcoll in dict.fromkeys(_inputs(node)):
+            self._readers[pcoll].append(node)
+        for pcoll in node.outputs.values():
+            self._producer[pcoll] = node
+        if kind is beam.ParDo:
+            _check_par_do(node)
+            self._join_stage(node)
+        self._nodes.append(node)
+
+    def _join_stage(self, node: AppliedPTransform) -> None:
+        main = _main_input(node)
+        producer = self._producer.get(main)
+        candidates = [self._stage_of[producer]] if producer in self._stage_of else []
+        candidates += self._rooted[main]
+        for stage in candidates:
+            if not any(stage in self._stages_behind(side.pvalue) for side in node.side_inputs):
+                break
+        else:
+            stage = _Stage(main)
+            self._rooted[main].append(stage)
+            self._stages.append(stage)
+        stage.members.append(node)
+        self._stage_of[node] = stage
+
+    def _stages_behind(self, pcoll: beam.PCollection) -> set[_Stage]:
+        """Every stage whose outputs ``pcoll`` is computed from."""
+        behind: set[_Stage] = set()
+        seen: set[beam.PCollection] = set()
+        pending = [pcoll]
+        while pending:
+            current = pending.pop()
+            if current in seen or current not in self._producer:
+                continue
+            seen.add(current)
+            node = self._producer[current]
+            stage = self._stage_of.get(node)
+            if stage is None:
+                pending.extend(_inputs(node))
+            elif stage not in behind:
+                behind.add(stage)
+                pending.append(stage.root)
+                pending.extend(
+                    side.pvalue for member in stage.members for side in member.side_inputs
+                )
+        return behind
+
+    # -- building ----------------------------------------------------------------------
 
     def counters(self) -> list[db.Bag]:
-        """The bags of counters to compute: those of every ParDo whose outputs do not all
-        go on, as main input, to ParDos (which carry them further)."""
-        return [
-            results.map_partitions(_counters_of)
-            for node, results in self._results.items()
-            if self._collected_here(node)
-        ]
+        """The bags of counters, one per stage: computing them runs the pipeline."""
+        return [self._stage_results(stage).map_partitions(_counters_of) for stage in self._stages]
 
-    def _collected_here(self, node: AppliedPTransform) -> bool:
-        outputs = node.outputs.values()
-        carried = any(self._read_by_par_do[pcoll] for pcoll in outputs)
-        elsewhere = any(self._read[pcoll] > self._read_by_par_do[pcoll] for pcoll in outputs)
-        return elsewhere or not carried
+    def bag(self, pcoll: beam.PCollection) -> db.Bag:
+        """The bag of a collection that leaves its stage (or is made by no ParDo)."""
+        if pcoll not in self._bags:
+            node = self._producer[pcoll]
+            if node in self._stage_of:
+                self._stage_results(self._stage_of[node])
+            else:
+                self._bags[pcoll] = self._primitive(node)
+        return self._bags[pcoll]
+
+    def _primitive(self, node: AppliedPTransform) -> db.Bag:
+        kind = type(node.transform)
+        inputs = [self.bag(pcoll) for pcoll in _inputs(node)]
+        if kind is _Create:
+            return self._create(list(node.transform.values))
+        if kind is _GroupByKeyOnly:
+            grouped = self._at_most(inputs[0]).groupby(_key, shuffle="tasks")
+            return grouped.map(_key_and_values)
+        if kind is _GatherAccumulators:
+            return inputs[0].repartition(npartitions=1).map_partitions(_group_all)
+        if kind is _Reshuffle:
+            return self._at_least(inputs[0])
+        # _Flatten
+        return db.concat(inputs) if inputs else db.from_sequence([], npartitions=1)
+
+    def _stage_results(self, stage: _Stage) -> db.Bag:
+        if stage in self._results:
+            return self._results[stage]
+        root = self.bag(stage.root)
+        sides = list(
+            dict.fromkeys(side.pvalue for member in stage.members for side in member.side_inputs)
+        )
+        # One node per side input. (A bag ``reduction`` passed to ``map_partitions``
+        # would be recomputed, upstream and all, for every task that reads it.)
+        side_values = [
+            dask.delayed(_concatenate)(self.bag(side).to_delayed(optimize_graph=False))
+            for side in sides
+        ]
+        plan = self._plan(stage, sides)
+        indices = self._indices(root.npartitions)
+        results = root.map_partitions(_run_stage, indices, plan, *side_values)
+        self._results[stage] = results
+        for position, (member, tag) in enumerate(plan.outputs):
+            pcoll = stage.members[member].outputs[tag]
+            self._bags[pcoll] = results.map_partitions(_stage_output, position)
+        return results
+
+    def _plan(self, stage: _Stage, sides: list[beam.PCollection]) -> _StagePlan:
+        position = {node: index for index, node in enumerate(stage.members)}
+        members, outputs = [], []
+        for index, node in enumerate(stage.members):
+            consumers: dict[str | None, tuple[int, ...]] = {}
+            for tag, pcoll in node.outputs.items():
+                fused = tuple(
+                    position[reader]
+                    for reader in self._readers[pcoll]
+                    if reader in position and _main_input(reader) is pcoll
+                )
+                consumers[tag] = fused
+                if len(fused) < len(self._readers[pcoll]):
+                    outputs.append((index, tag))
+            transform = node.transform
+            args, kwargs = transform.raw_side_inputs
+            views = tuple(
+                _SideInputView(type(side), side._view_options()) for side in node.side_inputs
+            )
+            slots = tuple(sides.index(side.pvalue) for side in node.side_inputs)
+            members.append(
+                _MemberPlan(
+                    node.full_label, transform.fn, list(args), dict(kwargs), views, slots, consumers
+                )
+            )
+        reads_root = tuple(
+            index for index, node in enumerate(stage.members) if _main_input(node) is stage.root
+        )
+        return _StagePlan(tuple(members), reads_root, tuple(outputs))
 
     def _at_most(self, bag: db.Bag) -> db.Bag:
         """``bag`` with neighbouring partitions merged down to ``partitions``."""
@@ -389,61 +523,27 @@ class DaskGraph(PipelineVisitor):
             self._partition_indices[partitions] = indices
         return self._partition_indices[partitions]
 
-    def _par_do(self, node: AppliedPTransform, main: db.Bag) -> dict[str | None, db.Bag]:
-        source = next(iter(node.main_inputs.values()))
-        siblings = self._siblings.get(source, [])
-        indices = self._indices(main.npartitions)
-        if node in siblings:
-            if source not in self._sibling_runs:
-                plans = tuple(self._plan(sibling) for sibling in siblings)
-                self._sibling_runs[source] = main.map_partitions(_run_siblings, indices, plans)
-            runs = self._sibling_runs[source]
-            results = runs.map_partitions(_sibling_result, siblings.index(node))
-        else:
-            # One node per side input. (A bag ``reduction`` passed to ``map_partitions``
-            # would be recomputed, upstream and all, for every task that reads it.)
-            side_values = [
-                dask.delayed(_concatenate)(self._bags[side.pvalue].to_delayed(optimize_graph=False))
-                for side in node.side_inputs
-            ]
-            results = main.map_partitions(_run_bundle, indices, self._plan(node), *side_values)
-        self._results[node] = results
-        return {tag: results.map_partitions(_outputs_of, tag) for tag in node.outputs}
 
-    @staticmethod
-    def _plan(node: AppliedPTransform) -> _ParDoPlan:
-        transform = node.transform
-        signature = DoFnSignature(transform.fn)
-        if signature.is_stateful_dofn() or signature.is_splittable_dofn():
-            raise NotImplementedError(
-                f"the Dask runner cannot run {node.full_label!r}: stateful and splittable "
-                "DoFns need per-key state and splitting that dask.bag does not offer"
-            )
-        args, kwargs = transform.raw_side_inputs
-        views = tuple(_SideInputView(type(side), side._view_options()) for side in node.side_inputs)
-        return _ParDoPlan(node.full_label, transform.fn, list(args), dict(kwargs), views)
+_PRIMITIVES = (_Create, beam.ParDo, _GroupByKeyOnly, _GatherAccumulators, _Reshuffle, _Flatten)
 
 
-class _SiblingFinder(PipelineVisitor):
-    def __init__(self) -> None:
-        self.readers: dict[beam.PCollection, list[AppliedPTransform]] = defaultdict(list)
-
-    def visit_transform(self, node: AppliedPTransform) -> None:
-        if type(node.transform) is beam.ParDo and not node.side_inputs:
-            self.readers[next(iter(node.main_inputs.values()))].append(node)
+def _inputs(node: AppliedPTransform) -> list[beam.PCollection]:
+    """Every collection ``node`` reads, main and side inputs alike."""
+    main = [pcoll for pcoll in node.inputs if isinstance(pcoll, beam.PCollection)]
+    return [*main, *(side.pvalue for side in node.side_inputs)]
 
 
-def sibling_par_dos(pipeline: beam.Pipeline) -> dict[beam.PCollection, list[AppliedPTransform]]:
-    """Collection -> the ParDos without side inputs that read it, where there are several.
+def _main_input(node: AppliedPTransform) -> beam.PCollection:
+    return next(iter(node.main_inputs.values()))
 
-    ``DaskGraph`` runs such siblings in one task per partition, as Beam's other runners
-    fuse them: the partition is then read once and released at once, where separate
-    tasks would keep it in memory until the last of them ran, and the scheduler often
-    runs every partition's producer first.
-    """
-    finder = _SiblingFinder()
-    pipeline.visit(finder)
-    return {pcoll: nodes for pcoll, nodes in finder.readers.items() if len(nodes) > 1}
+
+def _check_par_do(node: AppliedPTransform) -> None:
+    signature = DoFnSignature(node.transform.fn)
+    if signature.is_stateful_dofn() or signature.is_splittable_dofn():
+        raise NotImplementedError(
+            f"the Dask runner cannot run {node.full_label!r}: stateful and splittable "
+            "DoFns need per-key state and splitting that dask.bag does not offer"
+        )
 
 
 def _key(element: tuple[Any, Any]) -> Any:

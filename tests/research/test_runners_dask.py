@@ -20,7 +20,7 @@ import yaml
 from distributed import Client, LocalCluster
 
 from research.data.dask_runner import DaskRunner
-from research.data.dask_translation import DaskGraph, overrides, sibling_par_dos
+from research.data.dask_translation import DaskGraph, overrides
 from research.data.pipeline import build_dataset
 from research.data.runners import DASK_RUNNER, IN_PROCESS_RUNNER, pipeline_options
 from research.data.spec import load_spec
@@ -148,6 +148,19 @@ def test_a_pipeline_runs_in_the_clusters_worker_processes(cluster: Client) -> No
     assert counters(result, "count") == {"sum": 40}  # a lifted combiner
 
 
+def _outputs_of_all_but_par_dos(pipeline: beam.Pipeline) -> list[beam.PCollection]:
+    class Outputs(beam.pipeline.PipelineVisitor):
+        found: list[beam.PCollection] = []
+
+        def visit_transform(self, node: Any) -> None:
+            if not isinstance(node.transform, beam.ParDo):
+                self.found.extend(node.outputs.values())
+
+    visitor = Outputs()
+    pipeline.visit(visitor)
+    return visitor.found
+
+
 def _join_rounds(pipeline: beam.Pipeline, rounds: int) -> beam.PCollection:
     """``rounds`` joins in a row, each a Flatten of two branches and a GroupByKey, as a
     build's de-duplication chains them; values are (key, total) pairs over keys 0..9."""
@@ -171,9 +184,9 @@ def test_joins_in_a_row_stay_within_the_partition_bound(cluster: Client) -> None
     pipeline = beam.Pipeline(options=pipeline_options(["--runner", "dask"]))
     _ = _join_rounds(pipeline, rounds=6)
     pipeline.replace_all(overrides())
-    graph = DaskGraph({}, sibling_par_dos(pipeline), partitions=4)
+    graph = DaskGraph({}, partitions=4)
     pipeline.visit(graph)
-    widest = max(bag.npartitions for bag in graph._bags.values())
+    widest = max(graph.bag(pcoll).npartitions for pcoll in _outputs_of_all_but_par_dos(pipeline))
     assert widest <= 2 * 4  # a Flatten of two bounded bags, before the next shuffle
     tasks = sum(len(bag.__dask_graph__()) for bag in graph.counters())
     assert tasks < 5_000  # unbounded: 289 partitions and 54,636 tasks
@@ -189,18 +202,34 @@ def test_joins_in_a_row_stay_within_the_partition_bound(cluster: Client) -> None
     assert counters(result, "totals") == expected
 
 
+class _CountBundles(beam.DoFn):
+    """Counts the bundles (partitions) that held any element."""
+
+    def start_bundle(self) -> None:
+        self._seen = False
+
+    def process(self, element: int) -> Iterator[Any]:
+        self._seen = True
+        return iter(())
+
+    def finish_bundle(self) -> None:
+        if self._seen:
+            beam.metrics.Metrics.counter("bundles", "with_elements").inc()
+
+
 def test_a_reshuffle_spreads_a_short_list_of_work_over_partitions(cluster: Client) -> None:
     # One element (a file) fans out to 40 (its parts) in one partition; the Reshuffle
     # after it must spread those parts over the partitions, so that workers share them.
-    pipeline = beam.Pipeline(options=pipeline_options(["--runner", "dask"]))
+    options = pipeline_options(["--runner", "DaskRunner", "--dask_client_address",
+                                cluster.scheduler.address, "--dask_npartitions", "8"])  # fmt: skip
+    pipeline = beam.Pipeline(options=options)
     parts = pipeline | beam.Create([40]) | beam.FlatMap(lambda count: list(range(count)))
-    spread = parts | beam.Reshuffle() | "Read" >> beam.Map(lambda part: part)
-    pipeline.replace_all(overrides())
-    graph = DaskGraph({}, sibling_par_dos(pipeline), partitions=8)
-    pipeline.visit(graph)
-    assert graph._bags[parts.producer.outputs[None]].npartitions == 1
-    sizes = cluster.compute(graph._bags[spread].map_partitions(lambda part: [len(part)]))
-    assert sizes.result() == [5] * 8
+    _ = parts | "Unspread" >> beam.ParDo(_CountBundles())
+    _ = parts | beam.Reshuffle() | "Spread" >> beam.ParDo(_CountBundles())
+    result = pipeline.run()
+    query = result.metrics().query(beam.metrics.MetricsFilter().with_namespace("bundles"))
+    by_step = {counter.key.step: counter.committed for counter in query["counters"]}
+    assert by_step == {"Unspread": 1, "Spread": 8}
 
 
 def _fail(element: int) -> int:
