@@ -375,6 +375,9 @@ def _pipeline_position(input_context: tf.distribute.InputContext | None) -> tupl
     return input_context.num_input_pipelines, input_context.input_pipeline_id
 
 
+_GRAPH_SEED = 1
+
+
 def _epoch_seed(seed: int, epoch: tf.Tensor) -> tf.Tensor:
     """A shuffle seed of its own for every epoch, computed from the epoch's number alone,
     so a stream can begin at any epoch without replaying the ones before it."""
@@ -511,6 +514,10 @@ def make_dataset(
     def epoch(number: tf.Tensor) -> tf.data.Dataset:
         if not shuffle:
             return records
+        # A fixed graph-level seed in this function's own graph: the order is then the
+        # epoch seed's alone, whatever the program's global seed, and TensorFlow never
+        # compares the symbolic op seed with 0 (it does when the global seed is 0).
+        tf.compat.v1.set_random_seed(_GRAPH_SEED)
         return records.shuffle(shuffle_buffer, seed=_epoch_seed(seed, number))
 
     first_record = start_batch * batch_size

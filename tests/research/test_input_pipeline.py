@@ -288,6 +288,15 @@ def test_seeded_shuffle_is_reproducible(tmp_path: Path) -> None:
     assert sorted(epochs[120:240]) == every_id and epochs[120:240] != first
 
 
+def test_the_shuffle_order_is_the_seeds_whatever_the_global_seed(tmp_path: Path) -> None:
+    ids_dataset(tmp_path, num_shards=3, per_shard=40)
+    orders = []
+    for global_seed in (0, 7, 2**31 - 1):  # 0 and 2**31 - 1 once made the shuffle fail
+        tf.random.set_seed(global_seed)
+        orders.append(collect_ids(make_dataset(tmp_path, "train", batch_size=7, seed=3)))
+    assert orders[0] == orders[1] == orders[2]
+
+
 @pytest.mark.parametrize("cache", [False, True])
 def test_a_stream_begun_at_a_batch_is_the_whole_stream_from_there(
     tmp_path: Path, cache: bool
