@@ -19,6 +19,7 @@ import pytest
 import yaml
 from distributed import Client, LocalCluster
 
+from research.data import line_ranges
 from research.data.dask_runner import DaskRunner
 from research.data.dask_translation import DaskGraph, overrides
 from research.data.pipeline import build_dataset
@@ -72,6 +73,26 @@ def test_a_dask_build_is_byte_identical_to_the_in_process_build(tmp_path: Path) 
         Path(reference.output_dir)
     )
     assert sorted(path.name for path in tmp_path.iterdir()) == ["dask", "in-process", "raw"]
+
+
+def test_one_large_file_read_in_parts_by_the_workers_gives_the_whole_reads_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raw = tmp_path / "raw"
+    write_corpus_jsonl(raw / "corpus.jsonl", CORPUS_SIZE, seed=6, duplicate_rate=0.08,
+                       near_duplicate_rate=0.08, pii_rate=0.15)  # fmt: skip
+    spec = yaml.safe_load((EXAMPLE_SPECS / "corpus.yaml").read_text(encoding="utf-8"))
+    spec["sources"] = [{"type": "jsonl", "path": "corpus.jsonl"}]
+    spec_path = write_spec(raw / "corpus.yaml", spec)
+    whole = build_dataset(load_spec(spec_path), tmp_path / "whole")
+
+    monkeypatch.setattr(line_ranges, "RANGE_BYTES", 4096)  # about 60 parts
+    parts = build_dataset(load_spec(spec_path), tmp_path / "parts",
+                          beam_args=["--runner", "dask", "--workers", "2"])  # fmt: skip
+    assert parts.report["records_read"] == whole.report["records_read"] == CORPUS_SIZE
+    parts_files, whole_files = tree_digest(tmp_path / "parts"), tree_digest(tmp_path / "whole")
+    assert parts_files.pop("manifest.json") and whole_files.pop("manifest.json")
+    assert parts_files == whole_files
 
 
 # --------------------------------------------------------------------------- the runner
