@@ -118,7 +118,10 @@ class Controller:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self.log.close()
+        try:
+            self.keeper.wait()  # a checkpoint still being committed is finished, not dropped
+        finally:
+            self.log.close()
 
     # -- the loop --------------------------------------------------------------------
     def train(
@@ -224,7 +227,9 @@ class Controller:
             return True
         if not self._state_finite(step):
             return False
-        self.keeper.save(step)
+        # A scheduled save commits while training goes on; a forced one (the last step,
+        # preemption) is committed before the run goes on to evaluate, publish or exit.
+        self.keeper.save(step, wait=force)
         return True
 
     def _sound_at_end(self, end: int) -> bool:

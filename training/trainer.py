@@ -405,9 +405,7 @@ class Trainer:
         gradients = _poison_if(tf.logical_not(norm_finite), gradients)
         if self._clip_global_norm is not None:
             # The norm is at hand: the optimizer's own clipping would compute it again.
-            gradients, _ = tf.clip_by_global_norm(
-                gradients, self._clip_global_norm, use_norm=norm
-            )
+            gradients, _ = tf.clip_by_global_norm(gradients, self._clip_global_norm, use_norm=norm)
         self.optimizer.apply_gradients(
             zip(gradients, self.model.trainable_variables, strict=True),
             skip_gradients_aggregation=True,
