@@ -10,11 +10,16 @@ Layout of a checkpoint directory::
 TensorFlow writes the index and data files one after the other and nothing says when a
 checkpoint is complete; ``tf.train.latest_checkpoint`` would happily point at one a
 crash cut short. Here a checkpoint counts only once its commit marker exists, and it is
-restored only while its bytes still match the marker. The marker is written by a
-checkpoint write callback that TensorFlow runs before CheckpointManager's own (which
-records the new checkpoint and deletes the oldest), so older checkpoints are deleted
-only after the new one is committed: whenever the process dies, the newest committed
-checkpoint is still whole on disk.
+restored only while its bytes still match the marker. The marker is written once the
+files are flushed to disk (fsync), and only then does CheckpointManager delete the
+oldest checkpoints, so whenever the process dies the newest committed checkpoint is
+still whole on disk.
+
+Saving takes the values on the calling (training) thread; the commit that follows —
+fsync, SHA-256 of each file, the marker, deleting old checkpoints — may run on a
+thread of its own while training goes on (``save(wait=False)``). At most one commit
+is in flight: the next save, any restore and ``wait`` finish it first, and an error
+it met is raised there.
 
 Under ``MultiWorkerMirroredStrategy`` saving involves collectives, so every worker saves;
 only the chief writes into the directory, the others into a per-worker temporary
@@ -29,6 +34,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -112,6 +118,23 @@ def _any_worker(strategy: tf.distribute.Strategy) -> Callable[[bool], bool]:
     return lambda vote: int(reduce(tf.constant(int(vote), tf.int32))) > 0
 
 
+class _CommitFirstManager(tf.train.CheckpointManager):
+    """A CheckpointManager that deletes old checkpoints only when ``sweep`` is called.
+
+    TensorFlow's manager records a new checkpoint and deletes the oldest ones straight
+    after writing its files; the keeper calls ``sweep`` once the new checkpoint's commit
+    marker is written, which may be later, on the commit's own thread.
+    """
+
+    def _sweep(self) -> None:
+        """Deferred to ``sweep``: called by TensorFlow before the commit."""
+
+    def sweep(self) -> None:
+        """Delete the checkpoints past ``max_to_keep`` and record what is left."""
+        super()._sweep()
+        self._record_state()
+
+
 class _UnrestoredValueNotices(logging.Filter):
     """Drops TensorFlow's notices, logged when the objects of a failed restore are freed,
     about each value the restore did not reach: the mismatch was reported already, in
@@ -181,7 +204,9 @@ class CheckpointKeeper:
         else:
             scratch = self.directory.parent / f"workertemp_{worker_index}"
             self._write_dir = scratch / self.directory.name
-        self._manager: tf.train.CheckpointManager | None = None
+        self._manager: _CommitFirstManager | None = None
+        self._commit_thread: threading.Thread | None = None
+        self._commit_error: BaseException | None = None
         self._last_step: int | None = None
         self._last_time = clock()
 
@@ -202,42 +227,74 @@ class CheckpointKeeper:
             return False
         return self._agree(self._clock() - self._last_time >= self._every_seconds)
 
-    def maybe_save(self, step: int) -> str | None:
+    def maybe_save(self, step: int, *, wait: bool = True) -> str | None:
         """``save`` when ``should_save``; call it on every worker after every update."""
-        return self.save(step) if self.should_save(step) else None
+        return self.save(step, wait=wait) if self.should_save(step) else None
 
     # -- saving -------------------------------------------------------------------------
-    def save(self, step: int) -> str | None:
+    def save(self, step: int, *, wait: bool = True) -> str | None:
         """Save and commit a checkpoint for ``step``; its path on the chief, else None.
 
-        Saving the step that was just saved or restored is a no-op, so a final forced save
-        right after a scheduled one does not rewrite it.
+        The values are saved before this returns; with ``wait=False`` the commit may
+        still be running, off this thread (see ``wait``). Saving the step that was just
+        saved or restored is a no-op, so a final forced save right after a scheduled one
+        does not rewrite it.
         """
         step = int(step)
         if step < 0:
             raise ValueError(f"step must be non-negative, got {step}")
+        # The previous commit first: until its marker exists, its files look like the
+        # leftovers of a crash, which preparing the directory deletes.
+        self.wait()
         if step != self._last_step:
             if self.is_chief:
                 self._prepare_directory(step)
             else:
                 shutil.rmtree(self._write_dir.parent, ignore_errors=True)
-            options = tf.train.CheckpointOptions(
-                experimental_write_callbacks=[lambda save_path: self._commit(save_path, step)]
-            )
+            written: list[str] = []
+            options = tf.train.CheckpointOptions(experimental_write_callbacks=[written.append])
             try:
                 self._writer().save(checkpoint_number=step, options=options)
             finally:
                 if not self.is_chief:
                     shutil.rmtree(self._write_dir.parent, ignore_errors=True)
             if self.is_chief:
-                self._prune_markers()
+                self._commit_thread = threading.Thread(
+                    target=self._commit_and_sweep,
+                    args=(written[0], step),
+                    name=f"checkpoint-commit-{step}",
+                    daemon=True,
+                )
+                self._commit_thread.start()
             self._last_step = step
             self._last_time = self._clock()
+        if wait:
+            self.wait()
         return str(self.directory / f"{CHECKPOINT_NAME}-{step}") if self.is_chief else None
 
-    def _writer(self) -> tf.train.CheckpointManager:
+    def wait(self) -> None:
+        """Block until the last save is committed; raise the error its commit met (that
+        checkpoint then does not count, and saving its step again retries it)."""
+        if self._commit_thread is not None:
+            self._commit_thread.join()
+            self._commit_thread = None
+        error, self._commit_error = self._commit_error, None
+        if error is not None:
+            self._last_step = None
+            raise error
+
+    def _commit_and_sweep(self, save_path: str, step: int) -> None:
+        """Commit ``step``, then delete the checkpoints it replaces (the commit thread)."""
+        try:
+            self._commit(save_path, step)
+            self._writer().sweep()
+            self._prune_markers()
+        except BaseException as exc:  # raised to the training thread by ``wait``
+            self._commit_error = exc
+
+    def _writer(self) -> _CommitFirstManager:
         if self._manager is None:
-            self._manager = tf.train.CheckpointManager(
+            self._manager = _CommitFirstManager(
                 self.checkpoint,
                 str(self._write_dir),
                 max_to_keep=self._keep,
@@ -267,8 +324,6 @@ class CheckpointKeeper:
 
     def _commit(self, save_path: str, step: int) -> None:
         """Write the marker once the checkpoint's bytes are on disk (chief only)."""
-        if not self.is_chief:
-            return
         prefix = Path(save_path)
         files: dict[str, Any] = {}
         for name in sorted(os.listdir(prefix.parent)):
@@ -339,6 +394,7 @@ class CheckpointKeeper:
         (a fresh start); when there are some but none can be restored, CheckpointError
         is raised rather than silently starting over.
         """
+        self.wait()
         failures = []
         for step in committed_steps(self.directory):
             reason = self._try_restore(step)
@@ -356,6 +412,7 @@ class CheckpointKeeper:
         """Restore the committed checkpoint of exactly ``step``; None if there is no
         usable one (an unusable one is also reported with a ``CheckpointWarning``)."""
         step = int(step)
+        self.wait()
         if step not in committed_steps(self.directory):
             return None
         reason = self._try_restore(step)

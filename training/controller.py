@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from training.checkpoints import CheckpointKeeper
 from training.errors import EXIT_DIVERGED, EXIT_OK, TrainingSetupError
-from training.export import nonfinite_variables
+from training.export import nonfinite_check
 from training.logs import RunLog
 from training.preemption import EXIT_PREEMPTED, PreemptionFlag
 from training.publish import publish_model
@@ -107,6 +107,7 @@ class Controller:
             config.run_path, self.task.total_steps, is_chief=role.is_chief, progress=progress
         )
         self._evaluations: dict[tuple[str, int], dict[str, float]] = {}
+        self._nonfinite = nonfinite_check([*trainer.model.weights, *trainer.optimizer.variables])
 
     def __enter__(self) -> Controller:
         return self
@@ -117,7 +118,10 @@ class Controller:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self.log.close()
+        try:
+            self.keeper.wait()  # a checkpoint still being committed is finished, not dropped
+        finally:
+            self.log.close()
 
     # -- the loop --------------------------------------------------------------------
     def train(
@@ -223,7 +227,9 @@ class Controller:
             return True
         if not self._state_finite(step):
             return False
-        self.keeper.save(step)
+        # A scheduled save commits while training goes on; a forced one (the last step,
+        # preemption) is committed before the run goes on to evaluate, publish or exit.
+        self.keeper.save(step, wait=force)
         return True
 
     def _sound_at_end(self, end: int) -> bool:
@@ -234,8 +240,7 @@ class Controller:
     def _state_finite(self, step: int) -> bool:
         """Whether weights and optimizer state are finite; if not, go back to the last
         checkpoint (as after too many skipped updates)."""
-        trainer = self.trainer
-        poisoned = nonfinite_variables([*trainer.model.weights, *trainer.optimizer.variables])
+        poisoned = self._nonfinite()
         if not poisoned:
             return True
         shown = ", ".join(poisoned[:3]) + (", ..." if len(poisoned) > 3 else "")

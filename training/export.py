@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +31,33 @@ class NonFiniteWeightsError(ExportError):
     """The weights hold NaN or infinity: publishing them would serve garbage."""
 
 
-def nonfinite_variables(variables: Iterable[tf.Variable]) -> list[str]:
-    """Names of the floating-point variables holding a NaN or an infinity.
+def nonfinite_check(variables: Sequence[tf.Variable]) -> Callable[[], list[str]]:
+    """A check that names the floating-point ``variables`` holding a NaN or an infinity.
 
-    Checked before a checkpoint is committed and before a model is exported, because a
-    poisoned update can leave every loss finite while the weights are not.
+    Checked before every checkpoint is committed and before a model is exported, because
+    a poisoned update can leave every loss finite while the weights are not. Compiled
+    once: a run checks the same variables before every save, and one call costs far
+    less than two eager ops per variable (a model and its optimizer have hundreds).
     """
-    return [
-        variable.name
-        for variable in variables
-        if variable.dtype.is_floating and not bool(tf.reduce_all(tf.math.is_finite(variable)))
-    ]
+    floating = [variable for variable in variables if variable.dtype.is_floating]
+
+    @tf.function
+    def finite() -> tf.Tensor:
+        return tf.stack([tf.reduce_all(tf.math.is_finite(variable)) for variable in floating])
+
+    def check() -> list[str]:
+        if not floating:
+            return []
+        flags = finite().numpy()
+        return [variable.name for variable, ok in zip(floating, flags, strict=True) if not ok]
+
+    return check
+
+
+def nonfinite_variables(variables: Iterable[tf.Variable]) -> list[str]:
+    """Names of the floating-point variables holding a NaN or an infinity (checked once;
+    see ``nonfinite_check``)."""
+    return nonfinite_check(list(variables))()
 
 
 # -- the SavedModel -------------------------------------------------------------------

@@ -79,6 +79,11 @@ def build_optimizer(
     """AdamW with the experiment's schedule (returned too, for logging), always wrapped so
     non-finite updates are skipped.
 
+    ``optimizer.clip_global_norm`` is left to the trainer, which computes the gradients'
+    global norm for its log and its non-finite check and clips with it
+    (``tf.clip_by_global_norm(..., use_norm=norm)``, the same op the optimizer would
+    run, without computing the norm a second time).
+
     The loss-scale wrapper is what skips an update whose gradients are not finite on any
     replica (consistently across replicas). With float16 it also scales the loss
     dynamically; otherwise its scale stays at 1 (exact in any precision).
@@ -97,7 +102,6 @@ def build_optimizer(
         beta_1=optimizer.beta_1,
         beta_2=optimizer.beta_2,
         epsilon=optimizer.epsilon,
-        global_clipnorm=optimizer.clip_global_norm,
     )
     if loss_scaling:
         return keras.mixed_precision.LossScaleOptimizer(inner), rate

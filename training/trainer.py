@@ -152,24 +152,37 @@ def _all_finite(gradients: list[Any]) -> tf.Tensor:
 
 
 def _poison_if(condition: tf.Tensor, gradients: list[Any]) -> list[Any]:
-    """The gradients, made NaN where ``condition`` holds so that the loss-scale
-    optimizer skips the update (multiplying by one leaves them bit-identical)."""
-    poisoned = []
-    for gradient in gradients:
-        if gradient is None:
-            poisoned.append(None)
-            continue
-        values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
-        factor = tf.where(
-            condition, tf.constant(float("nan"), values.dtype), tf.constant(1, values.dtype)
-        )
-        if isinstance(gradient, tf.IndexedSlices):
-            poisoned.append(
-                tf.IndexedSlices(values * factor, gradient.indices, gradient.dense_shape)
-            )
-        else:
-            poisoned.append(values * factor)
+    """The gradients, the first of them made NaN where ``condition`` holds so that the
+    loss-scale optimizer skips the update.
+
+    The optimizer checks every gradient, so one NaN is enough to skip; poisoning only
+    one keeps this to two ops an update instead of two per variable (multiplying by one
+    leaves it bit-identical when ``condition`` does not hold).
+    """
+    poisoned = list(gradients)
+    index = next((i for i, gradient in enumerate(gradients) if gradient is not None), None)
+    if index is None:
+        return poisoned
+    gradient = gradients[index]
+    values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+    factor = tf.where(
+        condition, tf.constant(float("nan"), values.dtype), tf.constant(1, values.dtype)
+    )
+    if isinstance(gradient, tf.IndexedSlices):
+        poisoned[index] = tf.IndexedSlices(values * factor, gradient.indices, gradient.dense_shape)
+    else:
+        poisoned[index] = values * factor
     return poisoned
+
+
+def _sum_over_replicas(values: Any) -> Any:
+    """``values`` summed over the replicas in sync; as they are with a single replica,
+    where the all-reduce would only add identity ops (and a gradient wrapper) to every
+    update."""
+    context = tf.distribute.get_replica_context()
+    if context.num_replicas_in_sync == 1:
+        return values
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, values)
 
 
 class Trainer:
@@ -227,6 +240,7 @@ class Trainer:
             self._loss_accumulator = (
                 _replica_local_zeros(tf.zeros((), tf.float32)) if accumulate else None
             )
+        self._clip_global_norm = training.optimizer.clip_global_norm
         self._losses = per_example_losses(task.build_losses())
         self._loss_weights = task.loss_weights
         self._execute = self._compile_execution()
@@ -369,24 +383,29 @@ class Trainer:
         self._loss_accumulator.assign_add(loss)
 
     def _apply(self, gradients: list[tf.Tensor], loss: tf.Tensor, stop: tf.Tensor) -> Any:
-        context = tf.distribute.get_replica_context()
-        gradients = context.all_reduce(tf.distribute.ReduceOp.SUM, gradients)
-        loss = context.all_reduce(tf.distribute.ReduceOp.SUM, loss)
         # A value passed into the replica function has no device for the collective until it
         # is an op of the replica's own (MultiWorkerMirroredStrategy refuses it otherwise).
-        stop = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(stop))  # > 0: asked
+        gradients = _sum_over_replicas(gradients)
+        loss = _sum_over_replicas(loss)
+        stop = _sum_over_replicas(tf.identity(stop))  # > 0: some worker asked to stop
         norm = tf.linalg.global_norm(gradients)
         norm_finite = tf.math.is_finite(norm)
+        if self.loss_only_finiteness:
+            # Non-finite gradients are the dynamic loss scale overflowing, which the
+            # optimizer answers by lowering it; only finite gradients whose global norm
+            # overflows make the update count as non-finite.
+            overflow = tf.logical_and(_all_finite(gradients), tf.logical_not(norm_finite))
+            finite = tf.logical_and(tf.math.is_finite(loss), tf.logical_not(overflow))
+        else:
+            finite = tf.logical_and(tf.math.is_finite(loss), norm_finite)
         # Finite gradients whose global norm overflows pass the loss-scale optimizer's
         # check, and global-norm clipping then turns every one of them into NaN: such an
-        # update is poisoned, so it is skipped and counted like any non-finite one.
-        overflow = tf.logical_and(_all_finite(gradients), tf.logical_not(norm_finite))
-        gradients = _poison_if(overflow, gradients)
-        finite = tf.math.is_finite(loss)
-        if self.loss_only_finiteness:
-            finite = tf.logical_and(finite, tf.logical_not(overflow))
-        else:
-            finite = tf.logical_and(finite, norm_finite)
+        # update is poisoned, so it is skipped (gradients that are not all finite are
+        # skipped anyway, so poisoning them too changes nothing).
+        gradients = _poison_if(tf.logical_not(norm_finite), gradients)
+        if self._clip_global_norm is not None:
+            # The norm is at hand: the optimizer's own clipping would compute it again.
+            gradients, _ = tf.clip_by_global_norm(gradients, self._clip_global_norm, use_norm=norm)
         self.optimizer.apply_gradients(
             zip(gradients, self.model.trainable_variables, strict=True),
             skip_gradients_aggregation=True,

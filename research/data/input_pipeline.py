@@ -536,7 +536,8 @@ def make_dataset(
         tf.data.Dataset.counter(start_batch),
         stream.batch(batch_size, drop_remainder=drop_remainder),
     )
-    if split_global_batches:
+    if split_global_batches and input_context.num_replicas_in_sync > 1:
+        # A single replica keeps every batch: no filter to run on each of them.
         batches = batches.filter(_replica_filter(input_context))
     # Two batches of serialized records read ahead on their own thread: the decoding
     # map reads its next input only once a decoding slot frees up, and reading a batch

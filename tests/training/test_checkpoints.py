@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -192,6 +193,10 @@ def test_checkpoint_without_commit_marker_is_ignored(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("ckpt-2*"))
 
 
+def disk_full(*_args: object, **_kwargs: object) -> None:
+    raise OSError("disk full")
+
+
 def test_crash_before_commit_keeps_the_previous_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -201,10 +206,7 @@ def test_crash_before_commit_keeps_the_previous_checkpoint(
     expected = training.state()
     training.train()
 
-    def crash(*_args, **_kwargs) -> None:
-        raise OSError("disk full")
-
-    monkeypatch.setattr(checkpoints, "write_json_atomically", crash)
+    monkeypatch.setattr(checkpoints, "write_json_atomically", disk_full)
     with pytest.raises(OSError, match="disk full"):
         kept.save(2)
     monkeypatch.undo()
@@ -213,6 +215,55 @@ def test_crash_before_commit_keeps_the_previous_checkpoint(
     restored = Training(seed=3)
     assert keeper(tmp_path, restored, keep=1).restore_latest() == 1
     assert_same(restored.state(), expected)
+
+
+def test_commit_off_the_training_thread_counts_once_its_marker_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    training = Training()
+    kept = keeper(tmp_path, training, keep=1)
+    kept.save(1)
+    training.train()
+    expected = training.state()
+    release = threading.Event()
+    write_marker = checkpoints.write_json_atomically
+
+    def held_back(*args, **kwargs) -> None:
+        assert release.wait(60)
+        write_marker(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoints, "write_json_atomically", held_back)
+    assert kept.save(2, wait=False) == str(tmp_path / "ckpt-2")
+    training.train()  # training goes on while step 2 is committed
+    # Not committed yet, and step 1 is not deleted until it is (keep=1).
+    assert committed_steps(tmp_path) == [1]
+    assert (tmp_path / "ckpt-1.index").exists()
+    release.set()
+    restored = Training(seed=3)
+    kept.checkpoint = restored.checkpoint
+    assert kept.restore_latest() == 2  # a restore finishes the commit first
+    assert_same(restored.state(), expected)
+    assert committed_steps(tmp_path) == [2]
+    assert not (tmp_path / "ckpt-1.index").exists()
+
+
+def test_a_commit_that_failed_off_the_training_thread_is_raised_and_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    training = Training()
+    kept = keeper(tmp_path, training, keep=1)
+    kept.save(1)
+    training.train()
+
+    monkeypatch.setattr(checkpoints, "write_json_atomically", disk_full)
+    kept.save(2, wait=False)
+    with pytest.raises(OSError, match="disk full"):
+        kept.wait()
+    monkeypatch.undo()
+    assert committed_steps(tmp_path) == [1]
+    assert (tmp_path / "ckpt-1.index").exists()
+    kept.save(2)  # not taken for the step just saved: it never counted
+    assert committed_steps(tmp_path) == [2]
 
 
 def flip_bytes(path: Path) -> None:
