@@ -397,8 +397,10 @@ class Supervisor:
             if self._pause(delay):
                 self._say(logging.WARNING, f"{self._stop_reason}; not restarting")
                 return EXIT_PREEMPTED
-            self._launch(attempt=restart + 1)
+            # Stamped as the launch begins: a fast worker's first step may come before
+            # the last of the group's processes has even been started.
             event.relaunched_at = time.time()
+            self._launch(attempt=restart + 1)
 
     def _launch(self, attempt: int) -> None:
         ports = free_ports(self.num_workers)
