@@ -5,10 +5,9 @@ compiled executions (``steps_per_execution`` updates each, cut short where an
 evaluation or the end falls), and between executions it logs, checkpoints, answers
 preemption and recovers from non-finite losses; nothing interrupts an update half-way.
 
-Everything a resumed run needs to make bit-identical updates is in its checkpoints:
-what the Trainer lists as ``checkpointed`` and each worker's input position,
-which is saved *before* the checkpoint whose commit marker makes a step resumable. So a
-run killed at any moment continues exactly from its latest committed checkpoint, and a
+Everything a resumed run needs to make bit-identical updates, the input position among
+it, is what the Trainer lists as ``checkpointed``, saved as one checkpoint whose commit
+marker makes a step resumable. So a run killed at any moment continues exactly from its latest committed checkpoint, and a
 run that starts from another run's checkpoint (``initialize_from``, how a Hyperband
 trial continues an earlier one) continues exactly as that run would have.
 """
