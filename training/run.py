@@ -67,7 +67,7 @@ from training.precision import (
 from training.precision_probe import choose_for_task
 from training.run_lock import exclusive_run
 from training.supervisor import Supervisor
-from training.trainer import Trainer, micro_batch_sizes
+from training.trainer import Trainer, global_micro_batch_size
 
 console = Console()
 # Why the supervisor chose the precision it passes on (PRECISION_ENV), for the run log.
@@ -140,7 +140,7 @@ def export_latest(task: ExperimentTask) -> tuple[int, Path]:
 
 def _check_setup(task: ExperimentTask, workers: int) -> None:
     """What would fail a run (or every worker of one) before its first step."""
-    micro_batch_sizes(task.config, workers)
+    global_micro_batch_size(task.config, workers)
     check_writable(task.config.checkpoint_path)
 
 

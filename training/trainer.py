@@ -45,7 +45,7 @@ from training.distribution import WorkerRole
 from training.errors import TrainingSetupError
 from training.optimization import build_optimizer
 from training.precision import apply_precision, needs_loss_scaling, resolve_precision
-from training.verification import record_verification, training_verification
+from training.verification import verify_training_shards
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ class Execution:
     stop_requested: bool  # some worker asked to stop
 
 
-def micro_batch_sizes(config: ExperimentConfig, replicas: int) -> tuple[int, int]:
-    """The global and the per-replica micro-batch of one update.
+def global_micro_batch_size(config: ExperimentConfig, replicas: int) -> int:
+    """The global micro-batch of one update, checked to split evenly over ``replicas``.
 
     ``data.batch_size`` is one update's batch across every replica and accumulated
     micro-batch, so it must split evenly both ways.
@@ -70,8 +70,7 @@ def micro_batch_sizes(config: ExperimentConfig, replicas: int) -> tuple[int, int
             f"data.batch_size: {config.data.batch_size} is not divisible by "
             f"gradient_accumulation x replicas = {accumulation * replicas}"
         )
-    global_micro_batch = config.data.batch_size // accumulation
-    return global_micro_batch, global_micro_batch // replicas
+    return config.data.batch_size // accumulation
 
 
 def configure_determinism(config: ExperimentConfig) -> None:
@@ -203,7 +202,7 @@ class Trainer:
         precision: str | None = None,
     ) -> None:
         config, training = task.config, task.config.training
-        global_micro_batch, _ = micro_batch_sizes(config, strategy.num_replicas_in_sync)
+        global_micro_batch = global_micro_batch_size(config, strategy.num_replicas_in_sync)
         self.task = task
         self.strategy = strategy
         self.role = role
@@ -216,11 +215,10 @@ class Trainer:
         self.global_micro_batch = global_micro_batch
         # Micro-batches this run has consumed (each a global batch across the replicas).
         self.input_position = tf.Variable(0, trainable=False, dtype=tf.int64, name="position")
-        self._verify = training_verification(task)
-        self.iterator = self.input_iterator(0)
-        if self._verify == "sha256" and role.is_chief:
-            record_verification(task)
-        self._verify = "size"  # verified for every later reader of this process
+        # Checked now, before the model is built; the input itself is built once, at the
+        # first update, from the position a restore may have set (``seek_input``).
+        self._input_verify = verify_training_shards(task, record=role.is_chief)
+        self.iterator: Any = None
         with strategy.scope():
             self.model = task.build_model()
             self.lr_scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="lr_scale")
@@ -298,7 +296,7 @@ class Trainer:
                 training=True,
                 input_context=context,
                 start_batch=position * context.num_replicas_in_sync,
-                verify=self._verify,
+                verify=self._input_verify,
             )
 
         return iter(self.strategy.distribute_datasets_from_function(pipeline))
@@ -310,6 +308,8 @@ class Trainer:
         ``stop_requested`` is this worker's vote to stop; every worker learns whether
         any of them voted, so all stop after the same update.
         """
+        if self.iterator is None:
+            self.seek_input()
         loss, norm, stop, rate = self._execute(
             self.iterator, tf.constant(num_updates), tf.constant(float(stop_requested))
         )

@@ -19,7 +19,7 @@ from typing import Any
 from contracts.atomic_files import write_json_atomically
 from contracts.dataset_manifest import MANIFEST_FILE
 from contracts.digests import file_sha256
-from research.data.input_pipeline import Verify
+from research.data.input_pipeline import Verify, verify_shards
 from research.experiments.task import ExperimentTask
 
 RECORD_FILE = "verified-shards.json"
@@ -63,3 +63,15 @@ def record_verification(task: ExperimentTask) -> None:
     path = _record_path(task)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomically(path, _fingerprint(task))
+
+
+def verify_training_shards(task: ExperimentTask, *, record: bool) -> Verify:
+    """Check the training shards as far as this start must (``training_verification``),
+    recording a full check when ``record``; returns how far the input pipelines built
+    afterwards still check them: sizes, unless the task asks for no check at all."""
+    how = training_verification(task)
+    config = task.config
+    verify_shards(config.resolve(config.data.dataset), task.manifest, config.data.train_split, how)
+    if how == "sha256" and record:
+        record_verification(task)
+    return "none" if how == "none" else "size"
