@@ -14,6 +14,7 @@ trial continues an earlier one) continues exactly as that run would have.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,9 +92,18 @@ class Controller:
         self.initialize_from = initialize_from
         with trainer.strategy.scope():
             self.epoch = tf.Variable(0, trainable=False, dtype=tf.int64, name="epoch")
+            # The training loss since the last evaluation point: checkpointed, so the mean
+            # reported there is the same whether or not the run was interrupted on the way.
+            self.loss_sum = tf.Variable(0.0, trainable=False, dtype=tf.float64, name="loss_sum")
+            self.loss_count = tf.Variable(0, trainable=False, dtype=tf.int64, name="loss_count")
         self.keeper = CheckpointKeeper(
             config.checkpoint_path,
-            tf.train.Checkpoint(**trainer.checkpointed, epoch=self.epoch),
+            tf.train.Checkpoint(
+                **trainer.checkpointed,
+                epoch=self.epoch,
+                loss_sum=self.loss_sum,
+                loss_count=self.loss_count,
+            ),
             keep=config.checkpoint.keep,
             keep_every_hours=config.checkpoint.keep_every_hours,
             every_steps=config.checkpoint.every_steps,
@@ -137,16 +147,19 @@ class Controller:
         batch_size = self.task.config.data.batch_size
         flag = PreemptionFlag().install()
         restores, examples, busy = 0, 0, 0.0
-        loss_sum, loss_count = 0.0, 0
         try:
-            self.restore()
+            if self.restore() is not None and self._evaluates_at(trainer.step):
+                # The interrupted run may have stopped before evaluating here.
+                self._evaluate_and_report(on_evaluation)
             while trainer.step < end:
                 count = self._updates_until_next_stop(end)
                 started = time.perf_counter()
                 execution = trainer.train(count, stop_requested=flag.requested)
                 busy += time.perf_counter() - started
                 examples += count * batch_size
-                loss_sum, loss_count = loss_sum + execution.loss * count, loss_count + count
+                if math.isfinite(execution.loss):  # skipped updates changed nothing
+                    self.loss_sum.assign_add(execution.loss * count)
+                    self.loss_count.assign_add(count)
                 step = trainer.step
                 self.epoch.assign(step // self.task.steps_per_epoch)
                 self._log_execution(step, execution, examples / max(busy, 1e-9))
@@ -163,10 +176,7 @@ class Controller:
                         return self._outcome(EXIT_DIVERGED, examples, busy, restores)
                     continue
                 if self._evaluates_at(step):
-                    results = self._evaluate_eval_split()
-                    if on_evaluation is not None:
-                        on_evaluation(step, loss_sum / loss_count, results)
-                    loss_sum, loss_count = 0.0, 0
+                    self._evaluate_and_report(on_evaluation)
             self._save(force=True)
             outcome = self._outcome(EXIT_OK, examples, busy, restores)
             outcome.weights_sha256 = weights_digest(trainer.model)
@@ -312,6 +322,17 @@ class Controller:
             self.log.scalars(step, results, kind=split)
             self._evaluations[(split, step)] = results
         return self._evaluations[(split, step)]
+
+    def _evaluate_and_report(self, on_evaluation: EvaluationCallback | None) -> None:
+        """Evaluate at an evaluation point; the callback gets the mean training loss since
+        the previous one (NaN when no update was made in between)."""
+        results = self._evaluate_eval_split()
+        if on_evaluation is not None:
+            count = int(self.loss_count.numpy())
+            loss = float(self.loss_sum.numpy()) / count if count else float("nan")
+            on_evaluation(self.trainer.step, loss, results)
+        self.loss_sum.assign(0.0)
+        self.loss_count.assign(0)
 
     def _evaluate_eval_split(self) -> dict[str, float]:
         split = self.task.config.data.eval_split

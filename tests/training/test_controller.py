@@ -177,3 +177,57 @@ def test_a_truncated_checkpoint_falls_back_to_a_step_with_weights_and_input_posi
     events = [row["message"] for row in records(tmp_path / "cut" / "run", "event")]
     assert "resumed from checkpoint at step 10" in events
     assert resumed.weights_sha256 == straight.weights_sha256
+
+
+class StopAtStep:
+    """SIGTERM as the controller sees it, arriving during the update to ``step``."""
+
+    signal_name = "SIGTERM"
+
+    def __init__(self, trainer, step):
+        self.trainer, self.step = trainer, step
+
+    def install(self):
+        return self
+
+    def uninstall(self):
+        pass
+
+    @property
+    def requested(self):
+        return self.trainer.step >= self.step - 1
+
+
+def test_evaluation_points_are_reported_alike_however_often_the_run_is_preempted(
+    tmp_path, dataset, monkeypatch
+):
+    """Preempted at an evaluation point (before evaluating there) and again mid-way to
+    the next, the run still reports every point once more on resume, with the same mean
+    training loss as a run never interrupted."""
+    import training.controller
+
+    settings = dict(training__steps=12, training__steps_per_execution=1)
+
+    def train(directory, stop_at=None):
+        trainer = make_trainer(write_experiment(directory, dataset, **settings))
+        if stop_at is not None:
+            flag = StopAtStep(trainer, stop_at)
+            monkeypatch.setattr(training.controller, "PreemptionFlag", lambda: flag)
+        reported = []
+        with Controller(trainer, eval_every_steps=4, progress=False) as controller:
+            outcome = controller.train(on_evaluation=lambda *point: reported.append(point))
+        monkeypatch.undo()
+        return outcome, reported
+
+    _, straight = train(tmp_path / "straight")
+    interrupted = []
+    for stop_at in (4, 6, None):
+        outcome, reported = train(tmp_path / "interrupted", stop_at)
+        interrupted += reported
+        assert outcome.step == stop_at or 12
+
+    assert [step for step, _, _ in straight] == [4, 8, 12]
+    assert [step for step, _, _ in interrupted] == [4, 8, 12]
+    for (_, loss, results), (_, again_loss, again_results) in zip(straight, interrupted):
+        assert again_loss == loss
+        assert again_results == results
