@@ -148,8 +148,10 @@ class Controller:
         flag = PreemptionFlag().install()
         restores, examples, busy = 0, 0, 0.0
         try:
-            if self.restore() is not None and self._evaluates_at(trainer.step):
-                # The interrupted run may have stopped before evaluating here.
+            self.restore()
+            if self._evaluates_at(trainer.step) and self.loss_count.numpy() > 0:
+                # Updates since the last evaluation, at an evaluation point: the run
+                # resumed here may have been interrupted before it evaluated.
                 self._evaluate_and_report(on_evaluation)
             while trainer.step < end:
                 count = self._updates_until_next_stop(end)
@@ -273,6 +275,7 @@ class Controller:
         step = start.restore_latest()
         if step is None:
             raise TrainingSetupError(f"{source}: no committed checkpoint to start from")
+        self._forget_losses()  # that run's losses are not this run's
         self.trainer.seek_input()
         self.log.event(step, f"started from {source} at step {step}")
         return step
@@ -331,6 +334,9 @@ class Controller:
             count = int(self.loss_count.numpy())
             loss = float(self.loss_sum.numpy()) / count if count else float("nan")
             on_evaluation(self.trainer.step, loss, results)
+        self._forget_losses()
+
+    def _forget_losses(self) -> None:
         self.loss_sum.assign(0.0)
         self.loss_count.assign(0)
 
