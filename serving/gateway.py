@@ -184,6 +184,7 @@ class Gateway:
         servable = await asyncio.to_thread(self.remote.connect, model)
         if servable is None:
             return False
+        self.metrics.create_version_series(model, servable.version)
         self.metrics.set_model_loaded(model, servable.version, True)
         self.metrics.observe_model_load(model, servable.version, servable.load_seconds)
         return True
@@ -223,7 +224,13 @@ class Gateway:
         return open_backend(path, num_threads=getattr(backend, "tflite_threads", 1))
 
     def _on_version_change(self, model: str, status: VersionStatus) -> None:
-        """Repository listener (polling or unloading thread): hop onto the event loop."""
+        """Repository listener (polling or unloading thread): hop onto the event loop.
+
+        A loading version's series are created here, on the loading thread, so they
+        exist before the version can answer its first request.
+        """
+        if status.state is VersionState.LOADING:
+            self.metrics.create_version_series(model, status.version)
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._apply_version_change, model, status)
 
