@@ -4,8 +4,9 @@ The messages and service names are TF Serving's own (``tensorflow_serving.apis``
 stock client stub works unchanged. Every handler is a thin translation: protos in,
 ``Gateway`` call, protos out. A ``ServingError`` becomes the matching gRPC status with its
 message; anything else is logged and answered INTERNAL, so a bad request can never take
-the server down. Every answer, error or not, carries its request id in the initial
-metadata (``x-request-id``), leaving TF Serving's response messages as they are.
+the server down. Every answer, error or not, carries its request id in the trailing
+metadata (``x-request-id``), leaving TF Serving's response messages as they are (trailing
+metadata goes out with the status: it needs no send of its own, and errors carry it too).
 
 ``slipway.serving.FeedbackService/SendFeedback`` takes labels for answered requests. It
 has no .proto of its own: request and response are ``google.protobuf.Struct`` holding
@@ -73,9 +74,8 @@ def _answers_errors(
         try:
             request_id = request_id_of(metadata_of(context))
         except InvalidArgument as exc:
-            await context.send_initial_metadata(((REQUEST_ID_KEY, new_request_id()),))
-            await context.abort(exc.code, exc.message)
-        await context.send_initial_metadata(((REQUEST_ID_KEY, request_id),))
+            await context.abort(exc.code, exc.message, _request_id_metadata(new_request_id()))
+        context.set_trailing_metadata(_request_id_metadata(request_id))
         try:
             return await handler(self, request, context, request_id)
         except ServingError as exc:
@@ -83,9 +83,13 @@ def _answers_errors(
         except Exception:
             logger.exception("%s failed", handler.__name__)
             error = ServingError(grpc.StatusCode.INTERNAL, "internal error")
-        await context.abort(error.code, error.message)
+        await context.abort(error.code, error.message, _request_id_metadata(request_id))
 
     return wrapped
+
+
+def _request_id_metadata(request_id: str) -> tuple[tuple[str, str], ...]:
+    return ((REQUEST_ID_KEY, request_id),)
 
 
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:

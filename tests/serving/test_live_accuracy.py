@@ -138,22 +138,22 @@ def test_grpc_answers_carry_a_request_id_in_metadata(
 ) -> None:
     response, call = stub.Predict.with_call(predict_request(), timeout=30)
     assert response.model_spec.version.value == 1  # the TF Serving response is unchanged
-    generated = dict(call.initial_metadata())["x-request-id"]
+    generated = dict(call.trailing_metadata())["x-request-id"]
     assert len(generated) == 32
     _, call = stub.Predict.with_call(
         predict_request(), metadata=(("x-request-id", "client-7"),), timeout=30
     )
-    assert dict(call.initial_metadata())["x-request-id"] == "client-7"
+    assert dict(call.trailing_metadata())["x-request-id"] == "client-7"
 
     with pytest.raises(grpc.RpcError) as missing:
         stub.Predict(predict_request(model="nope"), metadata=(("x-request-id", "c-8"),), timeout=30)
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
-    assert dict(missing.value.initial_metadata())["x-request-id"] == "c-8"
+    assert dict(missing.value.trailing_metadata())["x-request-id"] == "c-8"
     with pytest.raises(grpc.RpcError) as invalid:
         stub.Predict(predict_request(), metadata=(("x-request-id", "x" * 129),), timeout=30)
     assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "x-request-id" in invalid.value.details()
-    assert len(dict(invalid.value.initial_metadata())["x-request-id"]) == 32
+    assert len(dict(invalid.value.trailing_metadata())["x-request-id"]) == 32
 
 
 def test_rest_answers_carry_a_request_id_header(server: GatewayThread) -> None:
@@ -214,7 +214,7 @@ def test_grpc_feedback_on_a_classify_answer_by_class_name(
     example.features.feature["image"].float_list.value.extend(inputs["image"].ravel().tolist())
     example.features.feature["extra"].int64_list.value.extend(inputs["extra"].ravel().tolist())
     response, call = stub.Classify.with_call(request, timeout=30)
-    request_id = dict(call.initial_metadata())["x-request-id"]
+    request_id = dict(call.trailing_metadata())["x-request-id"]
     classes = response.result.classifications[0].classes
     top = max(classes, key=lambda entry: entry.score).label
 
