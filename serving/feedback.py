@@ -26,6 +26,7 @@ unknown, expired or already labelled request id is reported in that item's resul
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import OrderedDict
@@ -78,26 +79,29 @@ def served(
     outputs: Mapping[str, np.ndarray],
     manifest: Mapping[str, Any] | None,
     served_at: float,
-) -> Answered | None:
+) -> Answered:
     """What a label can be compared with: top-1 classes if an output holds class scores,
-    else one value per row if one holds a regression, else None."""
+    else one value per row if one holds a regression, else neither."""
     answered = Answered(model, version, route, served_at)
     try:
         answered.class_count, answered.classes = top_classes(outputs, manifest)
         return answered
     except FailedPrecondition:
         pass
-    try:
+    with contextlib.suppress(FailedPrecondition):
         answered.values = values_from_outputs(outputs, manifest, None)
-    except FailedPrecondition:
-        return None
     return answered
 
 
 def _whole_number(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise InvalidArgument(f"{where}: expected a non-negative integer, got {value!r}")
-    if value < 0:
+    """A non-negative integer, also when it arrives as a float (as Struct numbers do)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value != int(value)
+        or value < 0
+    ):
         raise InvalidArgument(f"{where}: expected a non-negative integer, got {value!r}")
     return int(value)
 
@@ -184,10 +188,8 @@ class FeedbackStore:
     ) -> None:
         """Keep what ``request_id`` was served (a reused id replaces the older answer)."""
         now = self._clock()
-        answered = served(model, version, route, outputs, manifest, now)
         self._answers.pop(request_id, None)
-        if answered is not None:
-            self._answers[request_id] = answered
+        self._answers[request_id] = served(model, version, route, outputs, manifest, now)
         while self._answers and (
             len(self._answers) > self._capacity
             or next(iter(self._answers.values())).served_at <= now - self._ttl_s
@@ -232,6 +234,11 @@ class FeedbackStore:
             raise NotFound(
                 f"request id {item.request_id!r} is unknown or expired for model {model!r} "
                 f"(answers are kept {self._ttl_s:g} s, at most {self._capacity})"
+            )
+        if answered.classes is None and answered.values is None:
+            raise FailedPrecondition(
+                f"request {item.request_id!r} was answered with no class scores and no "
+                "regression value to compare a label with"
             )
         rows = answered.rows
         if None in item.labels and rows != 1:

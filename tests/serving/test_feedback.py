@@ -148,6 +148,7 @@ def test_a_batch_reports_each_item_and_malformed_input_counts_nothing(
         ({"request_id": "a", "labels": []}, "non-empty list"),
         ({"request_id": "a", "labels": [1], "row": 0}, "'row' goes with 'label'"),
         ({"request_id": "a", "row": -1, "label": 1}, "row: expected a non-negative integer"),
+        ({"request_id": "a", "row": float("nan"), "label": 1}, "row: expected a non-negative"),
         ({"request_id": "a", "label": [1]}, "expected a class index, a class name or a number"),
         ({"request_id": "a", "label": 3}, r"class index in \[0, 3\), got 3"),
         ({"request_id": "a", "label": 1.5}, "class index"),
@@ -161,3 +162,10 @@ def test_malformed_feedback_is_invalid_argument(
     remember(store, "a", SCORES[:1])
     with pytest.raises(InvalidArgument, match=message):
         store.submit("digits", body)
+
+
+def test_an_answer_with_nothing_to_compare_is_failed_precondition(store: FeedbackStore) -> None:
+    store.remember("t", "text", 1, "stable", {"echo": np.array([b"a", b"b"])}, None)
+    with pytest.raises(ServingError) as refused:
+        store.submit("text", {"request_id": "t", "labels": ["a", "b"]})
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
