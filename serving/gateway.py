@@ -44,10 +44,10 @@ from serving.inference_results import classes_from_outputs, values_from_outputs
 from serving.metrics import GatewayMetrics
 from serving.prediction_log import (
     FillLog,
-    PredictionLogWriter,
     fill_classify,
     fill_predict,
     fill_regress,
+    open_prediction_log,
 )
 from serving.remote_models import RemoteModels
 from serving.repository import ModelRepository, Servable, VersionState, VersionStatus
@@ -163,7 +163,7 @@ class Gateway:
             capacity=self.config.feedback.max_requests,
             ttl_s=self.config.feedback.ttl_s,
         )
-        self.prediction_log = _prediction_log_writer(self.config, self.metrics)
+        self.prediction_log = open_prediction_log(self.config.prediction_log, self.metrics)
         self._batchers: dict[tuple[str, int, str], Batcher] = {}
         self._batching: dict[str, BatchingConfig] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -697,22 +697,6 @@ class Gateway:
             await self._connect(model)
         await self.routing.refresh()
         await self._publish_health()
-
-
-def _prediction_log_writer(
-    config: GatewayConfig, metrics: GatewayMetrics
-) -> PredictionLogWriter | None:
-    settings = config.prediction_log
-    if settings.sample <= 0 or settings.directory is None:
-        return None
-    return PredictionLogWriter(
-        settings.directory,
-        metrics,
-        sample=settings.sample,
-        max_file_bytes=settings.max_file_bytes,
-        max_file_age_s=settings.max_file_age_s,
-        queue_size=settings.queue_size,
-    )
 
 
 def _code_name(exc: BaseException) -> str:

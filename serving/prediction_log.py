@@ -36,6 +36,8 @@ from google.protobuf.message import Message
 from tensorflow.core.example.example_pb2 import Example
 from tensorflow_serving.apis import model_pb2, prediction_log_pb2
 
+from contracts.yaml_config import ConfigError
+from serving.config import PredictionLogConfig
 from serving.inference_results import classification_proto, regression_proto
 from serving.metrics import GatewayMetrics
 from serving.request_id import id_fraction
@@ -212,6 +214,28 @@ class PredictionLogWriter:
         except Exception:
             logger.exception("prediction log: cannot close %s", self._path)
         self._writer, self._path = None, None
+
+
+def open_prediction_log(
+    settings: PredictionLogConfig, metrics: GatewayMetrics
+) -> PredictionLogWriter | None:
+    """The writer ``settings`` ask for, or None when logging is off; a directory that
+    cannot be created is a ``ConfigError`` (the operator's to fix), not a traceback."""
+    if settings.sample <= 0 or settings.directory is None:
+        return None
+    try:
+        return PredictionLogWriter(
+            settings.directory,
+            metrics,
+            sample=settings.sample,
+            max_file_bytes=settings.max_file_bytes,
+            max_file_age_s=settings.max_file_age_s,
+            queue_size=settings.queue_size,
+        )
+    except OSError as exc:
+        raise ConfigError(
+            f"prediction_log.directory: cannot create {settings.directory}: {exc.strerror}"
+        ) from None
 
 
 def _record(pending: _Pending, sample: float) -> prediction_log_pb2.PredictionLog:

@@ -6,11 +6,14 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import model_pb2, prediction_log_pb2
 
+from contracts.yaml_config import ConfigError
+from serving.config import PredictionLogConfig
 from serving.metrics import GatewayMetrics
-from serving.prediction_log import PredictionLogWriter
+from serving.prediction_log import PredictionLogWriter, open_prediction_log
 
 MIB = 1024 * 1024
 
@@ -93,3 +96,14 @@ def test_sampling_follows_the_request_id(tmp_path: Path) -> None:
     assert 70 <= len(chosen) <= 130
     assert chosen == [i for i in ids if log.sampled(i)]  # the same id, the same decision
     log.close()
+
+
+def test_logging_is_off_by_default_and_an_unusable_directory_is_a_config_error(
+    tmp_path: Path,
+) -> None:
+    assert open_prediction_log(PredictionLogConfig(), GatewayMetrics()) is None
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    settings = PredictionLogConfig(directory=blocked / "logs", sample=0.5)
+    with pytest.raises(ConfigError, match="prediction_log.directory: cannot create"):
+        open_prediction_log(settings, GatewayMetrics())
