@@ -11,6 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from serving import routing_cli
+
 DEFAULT_GRPC_PORT = 8500
 DEFAULT_REST_PORT = 8501
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -69,7 +71,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=LOG_LEVELS,
         help="Least severe log messages written to standard error. Default: %(default)s.",
     )
+    serve.add_argument(
+        "--advertise-url",
+        metavar="URL",
+        help="REST URL at which the rollout controller reaches this replica, reported to "
+        "the routing source (gateway.yaml's routing_source). Default: http(s)://HOST:PORT, "
+        "with this machine's name for a wildcard HOST.",
+    )
     serve.set_defaults(handler=run_serve)
+    routing_cli.register(subparsers)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -82,6 +92,12 @@ def run_serve(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = load_config(args.config)
+    if config.routing_source is not None:
+        config = config.model_copy(
+            update={"routing_source": config.routing_source.model_copy(
+                update={"advertise_url": args.advertise_url or _own_url(args, config)}
+            )}
+        )  # fmt: skip
     server = GatewayServer(
         args.model_root,
         config,
@@ -90,6 +106,13 @@ def run_serve(args: argparse.Namespace) -> int:
         rest_port=args.rest_port,
     )
     return asyncio.run(serve(server))
+
+
+def _own_url(args: argparse.Namespace, config: Any) -> str:
+    import socket
+
+    host = socket.gethostname() if args.host in ("0.0.0.0", "::", "") else args.host
+    return f"{'https' if config.tls else 'http'}://{host}:{args.rest_port}"
 
 
 def __getattr__(name: str) -> Any:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from contracts.yaml_config import ConfigError, load_yaml_model
 from serving.batching import BatchingConfig
 from serving.repository import VersionPolicy
+from serving.routing_sync import RoutingSourceConfig
 
 MIB = 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 64 * MIB
@@ -103,6 +104,8 @@ class GatewayConfig(_Section):
     """Everything ``slipway serve --config`` reads. An empty file is a valid config."""
 
     routing_file: Path | None = None
+    # Replicas that must agree watch one routing source instead (serving.routing_sync).
+    routing_source: RoutingSourceConfig | None = None
     strict: bool = False
     poll_interval_s: float = Field(default=2.0, gt=0)
     version_policy: VersionPolicy = VersionPolicy()
@@ -112,6 +115,12 @@ class GatewayConfig(_Section):
     admin: AdminConfig = AdminConfig()
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, gt=0)
     grace_period_s: float = Field(default=20.0, ge=0)
+
+    @model_validator(mode="after")
+    def _one_routing_origin(self) -> GatewayConfig:
+        if self.routing_file is not None and self.routing_source is not None:
+            raise ValueError("give routing_file or routing_source, not both")
+        return self
 
     def model(self, name: str) -> ModelConfig:
         return self.models.get(name, ModelConfig())
@@ -157,6 +166,10 @@ def _resolve_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
         return None if value is None else (base / value.expanduser())
 
     updates: dict[str, Any] = {"routing_file": resolve(config.routing_file)}
+    if config.routing_source is not None:
+        updates["routing_source"] = config.routing_source.model_copy(
+            update={"cache_file": resolve(config.routing_source.cache_file)}
+        )
     if config.tls is not None:
         updates["tls"] = config.tls.model_copy(
             update={
