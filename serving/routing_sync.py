@@ -152,12 +152,11 @@ class RoutingSubscriber:
             await self._apply(table)
 
     async def _poll(self) -> RoutingTable:
-        query = {
-            "after": str(self._table.revision),
-            "wait": f"{self.config.watch_s:g}",
-            "replica": self.replica,
-            "url": self.config.advertise_url or "",
-        }
+        query = {"replica": self.replica, "url": self.config.advertise_url or ""}
+        # Reconnecting, ask for the table at once (no ``after``): that confirms the source
+        # is back and fetches what changed meanwhile; connected, wait for the next change.
+        if self.connected:
+            query |= {"after": str(self._table.revision), "wait": f"{self.config.watch_s:g}"}
         answer = await self._call(
             "GET", "/v1/routing?" + urllib.parse.urlencode(query), timeout=self.config.watch_s + 10
         )
