@@ -7,6 +7,7 @@ that never answers fails with its output.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -107,3 +108,20 @@ class RoutingSourceProcess:
             self.stop()
         finally:
             self.kill()
+
+
+def write_replica_config(directory: Path, source_url: str, *, watch_s: float = 30.0) -> Path:
+    """A gateway.yaml for one replica watching ``source_url``, with its own routing cache
+    beside it and the admin token from ``$SLIPWAY_ADMIN_TOKEN`` (the source's too)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {
+        "routing_source": {"url": source_url, "cache_file": "routing-cache.json",
+                           "watch_s": watch_s},
+        "version_policy": {"kind": "all"},
+        "poll_interval_s": 0.5,
+        "admin": {"token_env": DEFAULT_TOKEN_ENV},
+        "grace_period_s": 2.0,
+    }  # fmt: skip
+    path = directory / "gateway.yaml"
+    path.write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
+    return path
