@@ -118,7 +118,9 @@ def run_file(work: Path, changes: int) -> list[float]:
     with replicas(work, configs) as urls:
 
         def write(weight: float) -> None:
-            update_routing_file(routing_file, {MODEL: ModelRouting.model_validate(routing_body(weight))})
+            update_routing_file(
+                routing_file, {MODEL: ModelRouting.model_validate(routing_body(weight))}
+            )
 
         return measure(urls, write, changes)
 

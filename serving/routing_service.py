@@ -133,7 +133,9 @@ class RoutingService:
         return web.json_response(body, headers={"ETag": f'"{revision}"'})
 
 
-def _number(request: web.Request, name: str, kind: type[int] | type[float], default: float) -> float:
+def _number(
+    request: web.Request, name: str, kind: type[int] | type[float], default: float
+) -> float:
     """A non-negative query parameter, or ``default`` when it is absent."""
     raw = request.query.get(name)
     if raw is None:

@@ -111,9 +111,7 @@ class RoutingSource:
         try:
             async with self._changed:
                 await asyncio.wait_for(
-                    self._changed.wait_for(
-                        lambda: self._closing or self._table.revision != after
-                    ),
+                    self._changed.wait_for(lambda: self._closing or self._table.revision != after),
                     wait,
                 )
         except TimeoutError:

@@ -167,7 +167,5 @@ def _changes(old: RoutingConfig, new: RoutingConfig) -> Mapping[str, ModelRoutin
     """The models whose routing differs (None: removed), in name order."""
     names = sorted(set(old.models) | set(new.models))
     return {
-        name: new.models.get(name)
-        for name in names
-        if old.models.get(name) != new.models.get(name)
+        name: new.models.get(name) for name in names if old.models.get(name) != new.models.get(name)
     }

@@ -577,9 +577,10 @@ def test_the_routing_source_is_one_writer_with_its_table_on_the_workspace(
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
     service = find(objects, "Service", "slipway-routing")
-    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"][
-        "labels"
-    ].items()
+    assert (
+        service["spec"]["selector"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
     assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
         (source_args.port, port["name"])
     ]
@@ -595,7 +596,10 @@ def test_gateways_watch_the_source_and_cache_on_a_writable_volume(
     source = settings.routing_source
     url = urllib.parse.urlsplit(source.url)
     service = find(objects, "Service", "slipway-routing")
-    assert (url.hostname, url.port) == (service["metadata"]["name"], service["spec"]["ports"][0]["port"])
+    assert (url.hostname, url.port) == (
+        service["metadata"]["name"],
+        service["spec"]["ports"][0]["port"],
+    )
     # The cache is written on every change: a writable volume of the pod's own, which a
     # container restart keeps.
     (cache,) = [

@@ -61,9 +61,7 @@ def test_the_source_persists_every_change_and_seeds_only_a_new_table(tmp_path: P
     assert reopened.table.revision == 2 and reopened.table.config().models["digits"] == CANARY
 
 
-def with_service(
-    tmp_path: Path, test: Callable[[TestClient, RoutingSource], Awaitable[T]]
-) -> T:
+def with_service(tmp_path: Path, test: Callable[[TestClient, RoutingSource], Awaitable[T]]) -> T:
     async def body() -> T:
         source = RoutingSource.open(tmp_path / "routing.json")
         async with TestClient(TestServer(RoutingService(source, AdminAuth(TOKEN)).app())) as client:
@@ -115,7 +113,9 @@ def test_writes_are_compare_and_swap_and_bad_input_is_refused(tmp_path: Path) ->
         bad_wait = await client.get("/v1/routing", params={"wait": "-1"}, headers=AUTH)
         assert bad_wait.status == 400
         assert (await client.get("/v1/routing")).status == 401
-        assert (await client.get("/v1/routing", headers={"Authorization": "Bearer x"})).status == 403
+        assert (
+            await client.get("/v1/routing", headers={"Authorization": "Bearer x"})
+        ).status == 403
         assert source.table.revision == 2 and source.table.config().models["digits"] == CANARY
 
     with_service(tmp_path, test)
