@@ -20,7 +20,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import benchmark_parser, machine_info, write_results
+from serving.routing_process import admin_call
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "routing.json"
@@ -44,15 +44,6 @@ def routing_body(weight: float) -> dict[str, Any]:
     return {"labels": {"stable": 1, "canary": 2}, "canary_weight": weight}
 
 
-def call(url: str, method: str = "GET", body: Any = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Authorization", f"Bearer {TOKEN}")
-    request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        return json.loads(answer.read())
-
-
 def wait_until_served(urls: list[str], weight: float, started: float) -> float:
     """Seconds from ``started`` until every replica serves ``weight`` (polling each)."""
     waiting = set(urls)
@@ -61,7 +52,7 @@ def wait_until_served(urls: list[str], weight: float, started: float) -> float:
         waiting = {
             url
             for url in waiting
-            if call(f"{url}/admin/routing/{MODEL}").get("canary_weight") != weight
+            if admin_call(f"{url}/admin/routing/{MODEL}", TOKEN).get("canary_weight") != weight
         }
         if time.monotonic() > deadline:
             raise RuntimeError(f"weight {weight} not served by {sorted(waiting)}")
@@ -100,7 +91,7 @@ def run_source(work: Path, changes: int) -> list[float]:
         configs = [write_replica_config(work / f"r{i}", source.url) for i in range(REPLICAS)]
         with replicas(work, configs) as urls:
             path = f"{source.url}/v1/routing/{MODEL}"
-            return measure(urls, lambda w: call(path, "PUT", routing_body(w)), changes)
+            return measure(urls, lambda w: admin_call(path, TOKEN, "PUT", routing_body(w)), changes)
 
 
 def run_file(work: Path, changes: int) -> list[float]:

@@ -31,7 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
-from serving.admin_http import AdminAuth, Handler, read_body
+from serving.admin_http import AdminAuth, read_body
 from serving.batching import BatchingConfig
 from serving.gateway import Gateway
 from serving.routing import ModelRouting, RoutingConfig
@@ -62,14 +62,7 @@ class AdminApi:
             ("POST", "/admin/reload", self.reload),
         ]
         for method, path, handler in routes:
-            app.router.add_route(method, path, self._authorized(handler))
-
-    def _authorized(self, handler: Handler) -> Handler:
-        async def guarded(request: web.Request) -> web.StreamResponse:
-            self._auth.check(request.headers.get("Authorization"))
-            return await handler(request)
-
-        return guarded
+            app.router.add_route(method, path, self._auth.guarded(handler))
 
     def _routing_json(self) -> dict[str, Any]:
         return self._gateway.routing_config().model_dump(mode="json", exclude_none=True)

@@ -47,6 +47,15 @@ class AdminAuth:
         if not hmac.compare_digest(credentials.strip().encode("utf-8"), self._token):
             raise PermissionDenied("the admin token is not valid")
 
+    def guarded(self, handler: Handler) -> Handler:
+        """``handler`` behind the token check."""
+
+        async def checked(request: web.Request) -> web.StreamResponse:
+            self.check(request.headers.get("Authorization"))
+            return await handler(request)
+
+        return checked
+
 
 async def read_body(request: web.Request, model_type: type[Body]) -> Body:
     """Read and validate a JSON request body in one step (pydantic parses the JSON too)."""

@@ -12,7 +12,7 @@ PUT     /v1/routing/{model}       set one model's routing; ``If-Match: "<revisio
                                   model changed since; ``"0"``: only if it has no entry)
 DELETE  /v1/routing/{model}       drop the model's entry (same ``If-Match``)
 GET     /v1/replicas              the live replicas and the revision each has applied
-GET     /healthz                  200 while the process runs
+GET     /healthz, /readyz         200 while the process runs
 ======  ========================  ===========================================================
 
 A watch is a long poll, as Kubernetes' watch and Consul's blocking queries are: one
@@ -62,7 +62,9 @@ class RoutingService:
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_errors_as_json])
+        # Ready as soon as it answers: the table is loaded before the port opens.
         app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.healthz)
         for method, path, handler in [
             ("GET", "/v1/routing", self.watch),
             ("GET", "/v1/routing/{model}", self.get_model),
@@ -70,15 +72,8 @@ class RoutingService:
             ("DELETE", "/v1/routing/{model}", self.delete_model),
             ("GET", "/v1/replicas", self.replicas),
         ]:
-            app.router.add_route(method, path, self._authorized(handler))
+            app.router.add_route(method, path, self._auth.guarded(handler))
         return app
-
-    def _authorized(self, handler: Handler) -> Handler:
-        async def guarded(request: web.Request) -> web.StreamResponse:
-            self._auth.check(request.headers.get("Authorization"))
-            return await handler(request)
-
-        return guarded
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"revision": self.source.table.revision})

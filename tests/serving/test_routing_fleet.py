@@ -8,7 +8,6 @@ with a generous deadline; nothing here depends on how fast a change arrives.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import threading
@@ -24,7 +23,7 @@ import pytest
 from ops.gateway_admin import GatewayAdmin, GatewayAdminError
 from serving.process import GatewayProcess, free_port
 from serving.routing import ModelRouting
-from serving.routing_process import RoutingSourceProcess, write_replica_config
+from serving.routing_process import RoutingSourceProcess, admin_call, write_replica_config
 from tests.ops.prometheus_process import poll
 from tests.serving import model_factory
 
@@ -125,12 +124,7 @@ class Fleet:
 
 
 def call(url: str, method: str = "GET", body: Any = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    request.add_header("Authorization", f"Bearer {TOKEN}")
-    request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        return json.loads(answer.read())
+    return admin_call(url, TOKEN, method, body)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +137,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             model_factory.publish(root, version, name=model)
     env = {**os.environ, "SLIPWAY_ADMIN_TOKEN": TOKEN}
     source = RoutingSourceProcess(work / "routing-state.json", TOKEN).start()
-    relay = Relay(source.port)
+    relay = Relay(source.rest_port)
     relay.mend()
     urls = [source.url, source.url, relay.url]
     # Replica 2 watches for as long as the source allows, so once cut off it stays on the
