@@ -63,7 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         metavar="GATEWAY_YAML",
         help="Gateway settings: batching, version policies, remote backends, TLS, the admin "
-        "token and the shared routing file. Without it every setting takes its default.",
+        "token and the shared routing file or routing source. Without it every setting takes "
+        "its default.",
     )
     serve.add_argument(
         "--log-level",

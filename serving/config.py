@@ -4,8 +4,9 @@ Operators edit this file by hand, so every mistake is reported as
 ``gateway.yaml:12: models.digits.batching.max_batch_size: expected int, got 'x'`` rather
 than as a traceback. Relative paths in the file (certificates, token file, routing file)
 are resolved against the file's own directory, so a config can move with its secrets.
-Routing (labels, canary weight, shadow, failover) lives in a separate file because it
-changes at run time and is shared by every replica; this file names it.
+Routing (labels, canary weight, shadow, failover) lives elsewhere because it changes at
+run time and is shared by every replica: this file names the routing file, or the routing
+source the replica watches.
 """
 
 from __future__ import annotations
@@ -120,6 +121,11 @@ class GatewayConfig(_Section):
     def _one_routing_origin(self) -> GatewayConfig:
         if self.routing_file is not None and self.routing_source is not None:
             raise ValueError("give routing_file or routing_source, not both")
+        if self.routing_source is not None and self.admin == AdminConfig():
+            raise ValueError(
+                "routing_source needs admin.token_env or admin.token_file: the replica "
+                "presents the admin token to the source"
+            )
         return self
 
     def model(self, name: str) -> ModelConfig:

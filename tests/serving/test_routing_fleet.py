@@ -237,7 +237,7 @@ def test_a_replica_restarted_mid_rollout_comes_back_with_the_latest_routing(
 
     # The source goes away; a replica restarted meanwhile serves its cached routing.
     fleet.wait_applied(1, revision)
-    fleet.source.stop()
+    assert fleet.source.stop() == 0  # SIGTERM: watchers answered, a clean exit
     with pytest.raises(GatewayAdminError, match=fleet.source.url):
         fleet.admin().set_routing(DIGITS, routing(0.6))  # reported, not silently dropped
     fleet.restart(1)

@@ -14,7 +14,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from contracts.yaml_config import ConfigError
 from serving.admin_http import AdminAuth
+from serving.config import load_config
 from serving.errors import ServingError
 from serving.routing import ModelRouting, RoutingConfig, load_routing, update_routing_file
 from serving.routing_service import RoutingService
@@ -217,3 +219,34 @@ def test_writers_sharing_a_routing_file_never_drop_each_others_models(tmp_path: 
     assert load_routing(path).models == {"a": CANARY, "b": CANARY}
     update_routing_file(path, {"a": None})
     assert set(json.loads(json.dumps(load_routing(path).model_dump()))["models"]) == {"b"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("routing_source: {url: 'ftp://x'}\nadmin: {token_env: T}\n", "expected http://host"),
+        ("routing_source: {url: 'http://x:8600'}\n", "needs admin.token_env"),
+        (
+            "routing_file: r.yaml\nrouting_source: {url: 'http://x:8600'}\nadmin: {token_env: T}\n",
+            "not both",
+        ),
+        ("routing_source: {url: 'http://x', watch_s: 0}\nadmin: {token_env: T}\n", "watch_s"),
+    ],
+)
+def test_a_bad_routing_source_setting_names_the_file_and_key(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as error:
+        load_config(path)
+    assert str(path) in str(error.value)
+
+
+def test_the_routing_cache_path_is_relative_to_gateway_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        "routing_source: {url: 'http://x:8600/', cache_file: cache/r.json}\nadmin: {token_env: T}\n"
+    )
+    source = load_config(path).routing_source
+    assert source.cache_file == tmp_path / "cache" / "r.json" and source.url == "http://x:8600"
