@@ -104,10 +104,7 @@ class GatewayAdmin:
         """The replicas to act on: those watching ``source``, or the URLs given."""
         if source is None:
             return self.urls
-        listed = self._request(source, "GET", "/v1/replicas")
-        records = listed.get("replicas") if isinstance(listed, dict) else None
-        if not isinstance(records, list):
-            raise GatewayAdminError(f"{source}: unexpected replica list: {listed!r}")
+        records = self._replica_records(source)
         unreachable = [str(record.get("replica")) for record in records if not record.get("url")]
         if unreachable:
             raise GatewayAdminError(
@@ -219,8 +216,7 @@ class GatewayAdmin:
             time.sleep(APPLY_POLL_S)  # polling another process's progress: nothing to await
 
     def _lagging(self, source: str, revision: int) -> list[str]:
-        listed = self._request(source, "GET", "/v1/replicas")
-        records = listed.get("replicas", []) if isinstance(listed, dict) else []
+        records = self._replica_records(source)
         if not records:
             return ["no gateway replica watches this routing source"]
         return [
@@ -245,6 +241,14 @@ class GatewayAdmin:
                 f"replicas have not applied revision {revision} of {model!r}'s routing from "
                 f"{source}: {'; '.join(lagging)}"
             )
+
+    def _replica_records(self, source: str) -> list[dict[str, Any]]:
+        """The live replicas as the source lists them: name, URL and applied revision."""
+        listed = self._request(source, "GET", "/v1/replicas")
+        records = listed.get("replicas") if isinstance(listed, dict) else None
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            raise GatewayAdminError(f"{source}: unexpected replica list: {listed!r}")
+        return records
 
     def _source_entry(self, source: str, model: str) -> dict[str, Any]:
         entry = self._request(source, "GET", _source_path(model))
