@@ -142,7 +142,9 @@ class RoutingSubscriber:
         while True:
             try:
                 table = await self._poll()
-            except (ServingError, RoutingTableError) as exc:
+            except Exception as exc:  # the watch must outlive any one failed poll
+                if not isinstance(exc, ServingError | RoutingTableError):
+                    logger.exception("routing watch: unexpected failure")
                 await self._lost(str(exc))
                 # Full jitter: replicas that lost the source together do not return together.
                 await asyncio.sleep(random.uniform(0, backoff))
@@ -201,7 +203,7 @@ class RoutingSubscriber:
                         f"routing source {url}: HTTP {answer.status}: {message or answer.reason}",
                     )
                 return body
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
             raise Unavailable(f"routing source {url}: {type(exc).__name__}: {exc}") from None
 
     # -- the cache ------------------------------------------------------------------------

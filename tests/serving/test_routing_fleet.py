@@ -8,14 +8,18 @@ with a generous deadline; nothing here depends on how fast a change arrives.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +28,7 @@ from ops.gateway_admin import GatewayAdmin, GatewayAdminError
 from serving.process import GatewayProcess, free_port
 from serving.routing import ModelRouting
 from serving.routing_process import RoutingSourceProcess, admin_call, write_replica_config
+from slipway.demo_rollout import ClientLoad, request_pool
 from tests.ops.prometheus_process import poll
 from tests.serving import model_factory
 
@@ -32,6 +37,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 TOKEN = "fleet-test-token"
 DIGITS, OTHER = model_factory.MODEL_NAME, "other"
 APPLIED_TIMEOUT_S = 30.0
+ROLLOUT_TIMEOUT_S = 180.0
+# The rollout judges errors only: on a loaded machine a freshly loaded, identical canary's
+# p99 can exceed stable's several times over.
+ERRORS_ONLY = {
+    "window": "5s",
+    "min_requests": 20,
+    "checks": {"latency_p99": {"max_ratio": None, "max_added_ms": None}},
+}
 
 
 def routing(weight: float) -> ModelRouting:
@@ -60,18 +73,20 @@ class Relay:
     def cut(self) -> None:
         with self._lock:
             sockets, self._open = [self._listener, *self._open], set()
-        for sock in sockets:  # shutdown wakes the threads blocked on them; close alone does not
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
+        for sock in sockets:
+            _hang_up(sock)
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
                 client, _ = listener.accept()
-                server = socket.create_connection(("127.0.0.1", self._target), timeout=5)
-            except OSError:
+            except OSError:  # cut
                 return
+            try:
+                server = socket.create_connection(("127.0.0.1", self._target), timeout=5)
+            except OSError:  # the source is down: refuse this one, as it would
+                client.close()
+                continue
             with self._lock:
                 self._open |= {client, server}
             for source, sink in ((client, server), (server, client)):
@@ -85,8 +100,16 @@ class Relay:
         except OSError:
             pass
         finally:
-            for sock in (source, sink):
-                sock.close()
+            _hang_up(source)
+            _hang_up(sink)
+
+
+def _hang_up(sock: socket.socket) -> None:
+    """Shut the connection down, then close: ``close`` alone neither wakes a thread blocked
+    on the socket nor tells the peer while that thread holds it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
 
 
 @dataclass
@@ -250,3 +273,34 @@ def test_a_replica_restarted_mid_rollout_comes_back_with_the_latest_routing(
          "replica 1 to reconnect to the restarted source")  # fmt: skip
     fleet.admin().set_routing(DIGITS, routing(0.7))
     assert fleet.admin().checked(DIGITS, [1, 2]) == routing(0.7)
+
+
+def test_the_rollout_controller_reaches_every_replica_through_the_source(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """``slipway canary start``, unchanged, given one replica's URL: the replicas name
+    their source, the source names every replica, and each step reaches all three."""
+    fleet.admin().set_routing(DIGITS, ModelRouting(labels={"stable": 1}))
+    analysis = tmp_path / "analysis.json"
+    analysis.write_text(json.dumps(ERRORS_ONLY))
+    command = [
+        sys.executable, "-m", "slipway", "canary", "start", DIGITS, "--version", "2",
+        "--steps", "50,100", "--bake", "2s", "--interval", "1s", "--analysis", str(analysis),
+        "--gateway", fleet.urls[0], "--state-dir", str(tmp_path / "state"),
+    ]  # fmt: skip
+    for url in fleet.urls:
+        command += ["--metrics-from", url]
+    env = {**os.environ, "SLIPWAY_ADMIN_TOKEN": TOKEN}
+    pool = request_pool(model_factory.signature_json())
+    with ClientLoad(fleet.urls, DIGITS, pool, rate=60):
+        try:
+            done = subprocess.run(
+                command, env=env, capture_output=True, text=True, timeout=ROLLOUT_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"the rollout did not finish:\n{exc.stdout}") from None
+    assert done.returncode == 0, done.stdout + done.stderr
+    for url in fleet.urls:
+        assert call(f"{url}/admin/routing/{DIGITS}")["labels"] == {"stable": 2, "previous": 1}, (
+            done.stdout + json.dumps(call(f"{fleet.source.url}/v1/routing"))
+        )
