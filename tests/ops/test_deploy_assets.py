@@ -33,6 +33,7 @@ from serving import routing_cli
 from serving.config import GatewayConfig, load_config
 from serving.metrics import ROUTES, GatewayMetrics
 from serving.routing import parse_routing
+from serving.routing_store import RoutingStore
 from tests import prometheus_binaries
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -169,6 +170,7 @@ def gateway_catalogue() -> Catalogue:
     metrics.observe_model_load("m", 1, 1.5)
     metrics.observe_shadow("m", 2, "OK", agreement=1.0, abs_diff=0.0)
     metrics.observe_failover("m", 2, 1)
+    RoutingStore(registry=metrics.registry)  # the gateway's routing gauges
     suffixes = {
         "counter": ("_total", "_created"),
         "histogram": ("_bucket", "_count", "_sum", "_created"),
