@@ -67,6 +67,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "its default.",
     )
     serve.add_argument(
+        "--prediction-log-dir",
+        type=Path,
+        metavar="DIR",
+        help="Write sampled requests and answers here as TensorFlow Serving PredictionLog "
+        "TFRecord files (rotated by size and age, closed on SIGTERM). Overrides "
+        "prediction_log.directory in the config.",
+    )
+    serve.add_argument(
+        "--prediction-log-sample",
+        type=_fraction,
+        metavar="FRACTION",
+        help="Fraction of answered requests to log, chosen by request id, from 0 to 1. "
+        "Default: 0 (off), or prediction_log.sample in the config.",
+    )
+    serve.add_argument(
         "--log-level",
         default="info",
         choices=LOG_LEVELS,
@@ -83,16 +98,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     routing_cli.register(subparsers)
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction from 0 to 1, got {text!r}")
+    return value
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from serving.config import load_config
+    from serving.config import load_config, with_prediction_log
     from serving.server import GatewayServer, serve
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    config = load_config(args.config)
+    config = with_prediction_log(
+        load_config(args.config), args.prediction_log_dir, args.prediction_log_sample
+    )
     if config.routing_source is not None:
         config = config.model_copy(
             update={"routing_source": config.routing_source.model_copy(

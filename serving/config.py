@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from contracts.yaml_config import ConfigError, load_yaml_model
 from serving.batching import BatchingConfig
@@ -101,6 +101,32 @@ class ModelConfig(_Section):
     backend: Backend = LocalBackend()
 
 
+class PredictionLogConfig(_Section):
+    """Sampled requests and answers as ``PredictionLog`` TFRecords (see serving.prediction_log).
+
+    Off unless ``sample`` > 0, which needs a ``directory``.
+    """
+
+    directory: Path | None = None
+    sample: float = Field(default=0.0, ge=0, le=1)
+    max_file_bytes: int = Field(default=64 * MIB, gt=0)
+    max_file_age_s: float = Field(default=600.0, gt=0)
+    queue_size: int = Field(default=1024, gt=0)
+
+    @model_validator(mode="after")
+    def _directory_when_on(self) -> PredictionLogConfig:
+        if self.sample > 0 and self.directory is None:
+            raise ValueError("sample > 0 needs a directory to write to")
+        return self
+
+
+class FeedbackConfig(_Section):
+    """How many answers are kept for later labels (see serving.feedback), and how long."""
+
+    max_requests: int = Field(default=100_000, gt=0)
+    ttl_s: float = Field(default=3600.0, gt=0)
+
+
 class GatewayConfig(_Section):
     """Everything ``slipway serve --config`` reads. An empty file is a valid config."""
 
@@ -116,6 +142,8 @@ class GatewayConfig(_Section):
     admin: AdminConfig = AdminConfig()
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, gt=0)
     grace_period_s: float = Field(default=20.0, ge=0)
+    prediction_log: PredictionLogConfig = PredictionLogConfig()
+    feedback: FeedbackConfig = FeedbackConfig()
 
     @model_validator(mode="after")
     def _one_routing_origin(self) -> GatewayConfig:
@@ -165,13 +193,36 @@ def load_config(path: str | Path | None) -> GatewayConfig:
     return _resolve_paths(load_yaml_model(path, GatewayConfig), path.parent)
 
 
+def with_prediction_log(
+    config: GatewayConfig, directory: Path | None, sample: float | None
+) -> GatewayConfig:
+    """``config`` with the command line's ``--prediction-log-*`` flags over its file's
+    ``prediction_log`` section (None: keep the file's value)."""
+    section = config.prediction_log.model_dump()
+    if directory is not None:
+        section["directory"] = directory
+    if sample is not None:
+        section["sample"] = sample
+    try:
+        checked = PredictionLogConfig.model_validate(section)
+    except ValidationError as exc:
+        reason = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise ConfigError(f"--prediction-log-sample / --prediction-log-dir: {reason}") from None
+    return config.model_copy(update={"prediction_log": checked})
+
+
 def _resolve_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
     """Make every path in the file relative to the file, not to the working directory."""
 
     def resolve(value: Path | None) -> Path | None:
         return None if value is None else (base / value.expanduser())
 
-    updates: dict[str, Any] = {"routing_file": resolve(config.routing_file)}
+    updates: dict[str, Any] = {
+        "routing_file": resolve(config.routing_file),
+        "prediction_log": config.prediction_log.model_copy(
+            update={"directory": resolve(config.prediction_log.directory)}
+        ),
+    }
     if config.routing_source is not None:
         updates["routing_source"] = config.routing_source.model_copy(
             update={"cache_file": resolve(config.routing_source.cache_file)}
