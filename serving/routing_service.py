@@ -34,7 +34,7 @@ from serving.admin_http import AdminAuth, Handler, read_body
 from serving.errors import InvalidArgument, ServingError
 from serving.routing import ModelRouting, RoutingConfig
 from serving.routing_source import RoutingSource
-from serving.routing_table import RevisionConflict
+from serving.routing_table import RevisionConflict, RoutingTable
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class RoutingService:
         return web.json_response(table.to_json())
 
     async def get_model(self, request: web.Request) -> web.Response:
-        return self._entry(request.match_info["model"])
+        return _entry(self.source.table, request.match_info["model"])
 
     async def put_model(self, request: web.Request) -> web.Response:
         routing = await read_body(request, ModelRouting)
@@ -111,21 +111,22 @@ class RoutingService:
 
     async def _set(self, request: web.Request, routing: ModelRouting | None) -> web.Response:
         model = request.match_info["model"]
-        await self.source.set_model(model, routing, if_match=_if_match(request))
-        return self._entry(model)
+        table = await self.source.set_model(model, routing, if_match=_if_match(request))
+        return _entry(table, model)
 
-    def _entry(self, model: str) -> web.Response:
-        table = self.source.table
-        entry = table.models.get(model)
-        revision = table.model_revision(model)
-        body = {
-            "revision": revision,
-            "table_revision": table.revision,
-            "routing": (entry.routing if entry else ModelRouting()).model_dump(
-                mode="json", exclude_none=True
-            ),
-        }
-        return web.json_response(body, headers={"ETag": f'"{revision}"'})
+
+def _entry(table: RoutingTable, model: str) -> web.Response:
+    """One model's routing at ``table`` (the table a write produced, not a later one)."""
+    entry = table.models.get(model)
+    revision = table.model_revision(model)
+    body = {
+        "revision": revision,
+        "table_revision": table.revision,
+        "routing": (entry.routing if entry else ModelRouting()).model_dump(
+            mode="json", exclude_none=True
+        ),
+    }
+    return web.json_response(body, headers={"ETag": f'"{revision}"'})
 
 
 def _number(
@@ -162,10 +163,11 @@ async def serve_source(
 ) -> int:
     """Run the source until SIGTERM or SIGINT, then answer the watchers and stop."""
     source = await asyncio.to_thread(RoutingSource.open, path, seed)
-    runner = web.AppRunner(RoutingService(source, AdminAuth(token)).app())
+    runner = web.AppRunner(
+        RoutingService(source, AdminAuth(token)).app(), shutdown_timeout=SHUTDOWN_TIMEOUT_S
+    )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
-    await site.start()
+    await web.TCPSite(runner, host, port).start()
     logger.info(
         "routing source on %s:%d, table %s at revision %d", host, port, path, source.table.revision
     )

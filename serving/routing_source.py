@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from serving.errors import Unavailable
 from serving.routing import ModelRouting, RoutingConfig
 from serving.routing_table import RoutingTable, load_table, write_table
 
@@ -92,7 +93,10 @@ class RoutingSource:
             table = self._table.with_model(model, routing, if_match=if_match)
             if table is self._table:
                 return table
-            await asyncio.to_thread(write_table, self.path, table)
+            try:
+                await asyncio.to_thread(write_table, self.path, table)
+            except OSError as exc:  # not stored, so not applied: the caller may retry
+                raise Unavailable(f"cannot write the routing table {self.path}: {exc}") from None
             self._table = table
         logger.info("routing of %s changed: revision %d", model, table.revision)
         async with self._changed:

@@ -123,6 +123,20 @@ def test_writes_are_compare_and_swap_and_bad_input_is_refused(tmp_path: Path) ->
     with_service(tmp_path, test)
 
 
+def test_a_change_that_cannot_be_stored_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    async def test(client: TestClient, source: RoutingSource) -> None:
+        await source.set_model("digits", STABLE)
+        (tmp_path / "a-file").write_text("")
+        source.path = tmp_path / "a-file" / "routing.json"  # its directory cannot exist
+        answer = await client.put("/v1/routing/digits", json=CANARY.model_dump(), headers=AUTH)
+        assert answer.status == 503
+        assert "cannot write the routing table" in (await answer.json())["error"]
+        current = await (await client.get("/v1/routing/digits", headers=AUTH)).json()
+        assert (current["revision"], current["routing"]["labels"]) == (1, {"stable": 1})
+
+    with_service(tmp_path, test)
+
+
 class SourceThread:
     """The source's HTTP service on a loop thread of its own, at a fixed port."""
 
