@@ -11,6 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from serving import routing_cli
+
 DEFAULT_GRPC_PORT = 8500
 DEFAULT_REST_PORT = 8501
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -61,7 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         metavar="GATEWAY_YAML",
         help="Gateway settings: batching, version policies, remote backends, TLS, the admin "
-        "token and the shared routing file. Without it every setting takes its default.",
+        "token and the shared routing file or routing source. Without it every setting takes "
+        "its default.",
     )
     serve.add_argument(
         "--prediction-log-dir",
@@ -84,7 +87,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=LOG_LEVELS,
         help="Least severe log messages written to standard error. Default: %(default)s.",
     )
+    serve.add_argument(
+        "--advertise-url",
+        metavar="URL",
+        help="REST URL at which the rollout controller reaches this replica, reported to "
+        "the routing source (gateway.yaml's routing_source). Default: http(s)://HOST:PORT, "
+        "with this machine's name for a wildcard HOST.",
+    )
     serve.set_defaults(handler=run_serve)
+    routing_cli.register(subparsers)
 
 
 def _fraction(text: str) -> float:
@@ -109,6 +120,12 @@ def run_serve(args: argparse.Namespace) -> int:
     config = with_prediction_log(
         load_config(args.config), args.prediction_log_dir, args.prediction_log_sample
     )
+    if config.routing_source is not None:
+        config = config.model_copy(
+            update={"routing_source": config.routing_source.model_copy(
+                update={"advertise_url": args.advertise_url or _own_url(args, config)}
+            )}
+        )  # fmt: skip
     server = GatewayServer(
         args.model_root,
         config,
@@ -117,6 +134,13 @@ def run_serve(args: argparse.Namespace) -> int:
         rest_port=args.rest_port,
     )
     return asyncio.run(serve(server))
+
+
+def _own_url(args: argparse.Namespace, config: Any) -> str:
+    import socket
+
+    host = socket.gethostname() if args.host in ("0.0.0.0", "::", "") else args.host
+    return f"{'https' if config.tls else 'http'}://{host}:{args.rest_port}"
 
 
 def __getattr__(name: str) -> Any:

@@ -4,8 +4,9 @@ Operators edit this file by hand, so every mistake is reported as
 ``gateway.yaml:12: models.digits.batching.max_batch_size: expected int, got 'x'`` rather
 than as a traceback. Relative paths in the file (certificates, token file, routing file)
 are resolved against the file's own directory, so a config can move with its secrets.
-Routing (labels, canary weight, shadow, failover) lives in a separate file because it
-changes at run time and is shared by every replica; this file names it.
+Routing (labels, canary weight, shadow, failover) lives elsewhere because it changes at
+run time and is shared by every replica: this file names the routing file, or the routing
+source the replica watches.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from contracts.yaml_config import ConfigError, load_yaml_model
 from serving.batching import BatchingConfig
 from serving.repository import VersionPolicy
+from serving.routing_sync import RoutingSourceConfig
 
 MIB = 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 64 * MIB
@@ -129,6 +131,8 @@ class GatewayConfig(_Section):
     """Everything ``slipway serve --config`` reads. An empty file is a valid config."""
 
     routing_file: Path | None = None
+    # Replicas that must agree watch one routing source instead (serving.routing_sync).
+    routing_source: RoutingSourceConfig | None = None
     strict: bool = False
     poll_interval_s: float = Field(default=2.0, gt=0)
     version_policy: VersionPolicy = VersionPolicy()
@@ -140,6 +144,17 @@ class GatewayConfig(_Section):
     grace_period_s: float = Field(default=20.0, ge=0)
     prediction_log: PredictionLogConfig = PredictionLogConfig()
     feedback: FeedbackConfig = FeedbackConfig()
+
+    @model_validator(mode="after")
+    def _one_routing_origin(self) -> GatewayConfig:
+        if self.routing_file is not None and self.routing_source is not None:
+            raise ValueError("give routing_file or routing_source, not both")
+        if self.routing_source is not None and self.admin == AdminConfig():
+            raise ValueError(
+                "routing_source needs admin.token_env or admin.token_file: the replica "
+                "presents the admin token to the source"
+            )
+        return self
 
     def model(self, name: str) -> ModelConfig:
         return self.models.get(name, ModelConfig())
@@ -208,6 +223,10 @@ def _resolve_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
             update={"directory": resolve(config.prediction_log.directory)}
         ),
     }
+    if config.routing_source is not None:
+        updates["routing_source"] = config.routing_source.model_copy(
+            update={"cache_file": resolve(config.routing_source.cache_file)}
+        )
     if config.tls is not None:
         updates["tls"] = config.tls.model_copy(
             update={

@@ -146,7 +146,7 @@ class Gateway:
         self.model_root = Path(model_root)
         self.metrics = metrics or GatewayMetrics()
         self.health = health or Health()
-        self.routing = RoutingStore(self.config.routing_file)
+        self.routing = RoutingStore.for_gateway(self.config, self.metrics.registry)
         self.remote = RemoteModels(self.config)
         self.repository = ModelRepository(
             self.model_root,
