@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -84,8 +85,10 @@ def test_a_healthy_canary_passes_every_check() -> None:
         "error_rate",
         "latency_p99",
         "failover_rate",
+        "accuracy",
     }
-    assert all(result.passed is True for result in verdict.checks)
+    assert check(verdict, "accuracy").skipped  # no labels came back: not judged
+    assert all(result.passed is True for result in verdict.checks if not result.skipped)
     assert check(verdict, "error_rate").canary == pytest.approx(0.005)
 
 
@@ -100,21 +103,22 @@ def test_a_blip_on_few_requests_neither_fails_nor_passes() -> None:
 
 
 def test_a_significantly_worse_error_rate_fails() -> None:
-    # stable 0.5 %, canary 4 %: above stable + 0.5 points, and z-test p far below 0.05
+    # stable 0.5 %, canary 4 %: above stable + 0.5 points, and the exact test says so
     verdict = judge(measure(side(1, 10_000, 50), side(2, 1000, 40)), DEFAULT)
     assert verdict.outcome == "fail"
     result = check(verdict, "error_rate")
     assert result.passed is False
     assert result.limit == pytest.approx(0.01)
-    assert result.p_value == pytest.approx(
-        stats.two_proportion_z_test(50, 10_000, 40, 1000).p_value
-    )
-    assert result.p_value < 0.05
+    # four bounds tested (error rate x2, latency, failovers): Holm multiplies the smallest by 4
+    raw = stats.rate_increase_test(50, 10_000, 40, 1000, margin=0.005).p_value
+    assert result.p_value == pytest.approx(4 * raw)
+    assert "Holm-adjusted over 4 tests" in result.message
+    assert result.p_value < 0.01
     assert "error_rate" in verdict.message
 
 
 def test_an_error_rate_above_the_bound_without_significance_holds() -> None:
-    # stable 0.5 %, canary 1 error in 60 (1.7 %) > 1 % bound, but z-test p ≈ 0.12
+    # stable 0.5 %, canary 1 error in 60 (1.7 %) > 1 % bound, but the exact test is far off
     verdict = judge(measure(side(1, 1000, 5), side(2, 60, 1)), DEFAULT)
     result = check(verdict, "error_rate")
     assert result.canary > result.limit
@@ -129,7 +133,8 @@ def test_the_absolute_error_bound_fails_even_when_stable_is_as_bad() -> None:
     result = check(verdict, "error_rate")
     assert verdict.outcome == "fail"
     assert "max 5.00%" in result.message
-    assert result.p_value == pytest.approx(stats.proportion_above_test(80, 1000, 0.05).p_value)
+    raw = stats.binomial_above_test(80, 1000, 0.05).p_value
+    assert result.p_value == pytest.approx(4 * raw)  # Holm over four bounds
 
 
 def test_the_absolute_error_bound_needs_confidence_too() -> None:
@@ -192,7 +197,7 @@ def test_failovers_count_against_the_canary() -> None:
     result = check(verdict, "failover_rate")
     assert verdict.outcome == "fail"
     assert result.canary == pytest.approx(0.05)
-    assert result.limit == 0.01
+    assert result.limit == pytest.approx(0.005)  # stable's error rate (0) + 0.5 points
 
 
 def test_at_full_weight_relative_checks_are_skipped_and_absolute_ones_decide() -> None:
@@ -238,7 +243,7 @@ def test_custom_checks_bound_their_value_and_skip_when_it_is_missing() -> None:
 def test_a_check_set_to_null_is_not_run() -> None:
     config = AnalysisConfig(checks={"error_rate": None, "failover_rate": None})
     verdict = judge(measure(side(1, 10_000, 50), side(2, 1000, 500)), config)
-    assert [result.name for result in verdict.checks] == ["latency_p99"]
+    assert [result.name for result in verdict.checks] == ["latency_p99", "accuracy"]
     assert verdict.outcome == "pass"
 
 
@@ -247,13 +252,94 @@ def test_judge_is_deterministic() -> None:
     assert judge(sample, DEFAULT) == judge(sample, DEFAULT)
 
 
+def labelled(side_measurement: SideMeasurement, labels: float, correct: float) -> SideMeasurement:
+    return replace(side_measurement, labelled=labels, correct=correct)
+
+
+def test_one_error_in_a_small_canary_window_is_not_a_failure() -> None:
+    # 1 error in 60 canary requests against 0 in 760: a pooled z-test called it p = 6e-6
+    verdict = judge(measure(side(1, 760), side(2, 60, 1)), DEFAULT)
+    assert verdict.outcome != "fail", verdict.message
+    assert check(verdict, "error_rate").p_value > 0.05
+
+
+def test_a_canary_as_bad_as_stable_is_within_the_margin() -> None:
+    # both at 3 %: non-inferiority asks for evidence of stable + 0.5 points, not equality
+    verdict = judge(measure(side(1, 20_000, 600), side(2, 5000, 150)), DEFAULT)
+    assert check(verdict, "error_rate").passed is True
+    assert verdict.outcome == "pass", verdict.message
+
+
+def test_holm_needs_stronger_evidence_as_checks_are_added() -> None:
+    # raw p of the error bound between alpha/4 and alpha: alone it fails, with three more
+    # bounds in the same analysis Holm holds it as inconclusive.
+    stable, canary = side(1, 20_000, 200), side(2, 2000, 46)
+    raw = stats.rate_increase_test(200, 20_000, 46, 2000, margin=0.005).p_value
+    assert 0.01 / 4 < raw < 0.01
+    alone = AnalysisConfig(
+        checks={"error_rate": {"max": None}, "latency_p99": None, "failover_rate": None}
+    )
+    assert judge(measure(stable, canary), alone).outcome == "fail"
+    verdict = judge(measure(stable, canary), DEFAULT)
+    assert verdict.outcome == "inconclusive"
+    assert check(verdict, "error_rate").p_value == pytest.approx(4 * raw)
+
+
+def test_accuracy_is_judged_once_both_sides_have_enough_labels() -> None:
+    stable = labelled(side(1, 10_000), 2000, 1800)  # 90 %
+    good = labelled(side(2, 1000), 400, 356)  # 89 %: within 2 points
+    verdict = judge(measure(stable, good), DEFAULT)
+    result = check(verdict, "accuracy")
+    assert result.passed is True and verdict.outcome == "pass"
+    assert (result.stable, result.canary) == (pytest.approx(0.9), pytest.approx(0.89))
+    assert result.limit == pytest.approx(0.88)
+    bad = labelled(side(2, 1000), 400, 320)  # 80 %
+    failing = judge(measure(stable, bad), DEFAULT)
+    assert failing.outcome == "fail"
+    assert "accuracy 80.00% (stable 90.00%) below stable - 2 points" in failing.message
+    raw = stats.rate_increase_test(200, 2000, 80, 400, margin=0.02).p_value
+    assert check(failing, "accuracy").p_value == pytest.approx(5 * raw)  # Holm over 5 bounds
+
+
+def test_accuracy_past_the_bound_on_little_evidence_holds() -> None:
+    stable = labelled(side(1, 10_000), 2000, 1800)
+    canary = labelled(side(2, 1000), 120, 101)  # 84 %: past the 88 % floor, 120 labels
+    verdict = judge(measure(stable, canary), DEFAULT)
+    assert check(verdict, "accuracy").passed is None
+    assert verdict.outcome == "inconclusive"
+
+
+def test_accuracy_without_enough_labels_is_skipped_and_never_holds() -> None:
+    stable = labelled(side(1, 10_000), 2000, 1800)
+    canary = labelled(side(2, 1000), 30, 3)  # terrible, but only 30 labels
+    verdict = judge(measure(stable, canary), DEFAULT)
+    result = check(verdict, "accuracy")
+    assert result.skipped and "30 canary and 2000 stable labels, 100 each needed" in result.message
+    assert verdict.outcome == "pass"
+
+
+def test_a_latency_baseline_needs_min_requests_stable_observations() -> None:
+    slow = {0.005: 0.5, 0.1: 0.5}
+    verdict = judge(measure(side(1, 10), side(2, 1000, shares=slow)), DEFAULT)
+    assert check(verdict, "latency_p99").skipped
+    assert judge(measure(side(1, 500), side(2, 1000, shares=slow)), DEFAULT).outcome == "fail"
+
+
+def test_messages_show_whole_request_counts() -> None:
+    verdict = judge(measure(side(1, 10_000.4, 50), side(2, 28.245)), DEFAULT)
+    assert "28 of 50 canary requests" in verdict.message
+    passing = judge(measure(side(1, 10_000.4, 50), side(2, 1000.6)), DEFAULT)
+    assert passing.message == "all checks passed on 1001 canary requests"
+
+
 # --- the analysis file -----------------------------------------------------------------
 
 
 def test_no_file_means_the_defaults() -> None:
     config = load_analysis(None)
     assert config == AnalysisConfig()
-    assert (config.window, config.min_requests, config.confidence) == (30.0, 50, 0.95)
+    assert (config.window, config.min_requests, config.confidence) == (30.0, 50, 0.99)
+    assert config.failure_limit == 2
     assert config.checks.error_rate.max == 0.05
     assert config.checks.latency_p99.max_ratio == 1.2
 
@@ -363,4 +449,7 @@ def test_default_queries_name_series_the_gateway_exports() -> None:
         for field in type(queries).model_fields
         for name in re.findall(r"slipway_[a-z_]+", getattr(queries, field))
     }
-    assert named and named <= exported
+    # The feedback counter (per version, outcome correct/incorrect) comes with the gateway's
+    # feedback API; the queries read it by this name, the scraper too (ops.scrape.FEEDBACK).
+    assert "slipway_gateway_feedback_total" in named
+    assert named - {"slipway_gateway_feedback_total"} <= exported
