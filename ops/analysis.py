@@ -136,12 +136,8 @@ class Queries(StrictModel):
     shadow_requests: Template = (
         f"sum(increase(slipway_gateway_shadow_agreement_count{{{_VERSION_SELECTOR}}}[{{window}}]))"
     )
-    labelled: Template = (
-        f"sum(increase(slipway_gateway_feedback_total{{{_SELECTOR}}}[{{window}}]))"
-    )
-    correct: Template = (
-        f'sum(increase(slipway_gateway_feedback_total{{{_SELECTOR},outcome="correct"}}[{{window}}]))'
-    )
+    labelled: Template = f"sum(increase(slipway_gateway_feedback_total{{{_SELECTOR}}}[{{window}}]))"
+    correct: Template = f'sum(increase(slipway_gateway_feedback_total{{{_SELECTOR},outcome="correct"}}[{{window}}]))'
 
 
 # ---------------------------------------------------------------------------------------
@@ -351,7 +347,9 @@ def judge(measurement: Measurement, config: AnalysisConfig) -> Verdict:
     return Verdict("pass", checks, f"all checks passed on {evidence:.0f} {kind}")
 
 
-def _traffic_checks(measurement: Measurement, config: AnalysisConfig) -> list[_Tested | CheckResult]:
+def _traffic_checks(
+    measurement: Measurement, config: AnalysisConfig
+) -> list[_Tested | CheckResult]:
     stable, canary, checks = measurement.stable, measurement.canary, config.checks
     results: list[_Tested | CheckResult] = []
     if checks.error_rate is not None:

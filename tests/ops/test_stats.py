@@ -93,9 +93,11 @@ def test_fractional_counts_interpolate_between_whole_ones() -> None:
     high = stats.rate_increase_test(5, 1000, 3, 100).p_value
     between = stats.rate_increase_test(5.0, 1000.0, 2.6, 100.0).p_value
     assert high < between < low
-    assert stats.binomial_above_test(3, 100, 0.01).p_value < stats.binomial_above_test(
-        2.6, 100, 0.01
-    ).p_value < stats.binomial_above_test(2, 100, 0.01).p_value
+    assert (
+        stats.binomial_above_test(3, 100, 0.01).p_value
+        < stats.binomial_above_test(2.6, 100, 0.01).p_value
+        < stats.binomial_above_test(2, 100, 0.01).p_value
+    )
 
 
 def test_a_better_canary_is_never_significant() -> None:
