@@ -135,7 +135,8 @@ def make_spec(**changes: object) -> RolloutSpec:
         "steps": [10, 50, 100],
         "bake_seconds": 3,
         "interval_seconds": 1,
-        "analysis": AnalysisConfig().model_dump(mode="json"),
+        # One failing analysis rolls back here; the failure limit has its own tests.
+        "analysis": AnalysisConfig(failure_limit=1).model_dump(mode="json"),
         "targets": Targets(gateways=["http://replica-1:8501"]),
     }
     values.update(changes)
@@ -262,11 +263,12 @@ def test_a_good_canary_is_promoted_through_every_step(
     assert admin.weights == [0.1, 0.5, 1.0, 0.0]
     final = admin.calls[-1]
     assert final.labels == {"stable": CANARY, PREVIOUS: STABLE, "gold": 0}
-    # Each step bakes 3 s: two passing analyses while it does, the third one moves on.
+    # Each step bakes 3 s of passing, counted from its first pass: three passing
+    # analyses bake, the fourth (3 s after the first) moves on.
     assert [event.decision for event in analyses(store)] == [
-        *("bake", "bake", "advance"),
-        *("bake", "bake", "advance"),
-        *("bake", "bake", "promote"),
+        *("bake", "bake", "bake", "advance"),
+        *("bake", "bake", "bake", "advance"),
+        *("bake", "bake", "bake", "promote"),
     ]
     assert metrics.state.labels(MODEL, "promoted")._value.get() == 1
     assert metrics.rollbacks.labels(MODEL)._value.get() == 0
@@ -313,15 +315,19 @@ def test_no_verdict_holds_the_weight_and_then_continues(
     assert controller.state.phase is Phase.SUCCEEDED
 
 
-def slow_canary(p99_seconds: float) -> Measurement:
+def slow_canary(p99_seconds: float, stable_requests: float = 400) -> Measurement:
     """Stable answers in under 5 ms; the canary takes ``p99_seconds`` for most requests."""
     canary = SideMeasurement(
         version=CANARY, requests=400, errors=0,
         latency_buckets=((0.005, 0.0), (p99_seconds, 400), (float("inf"), 400)), failovers=0,
     )  # fmt: skip
     stable = SideMeasurement(
-        version=STABLE, requests=400, errors=0,
-        latency_buckets=((0.005, 400), (p99_seconds, 400), (float("inf"), 400)), failovers=0,
+        version=STABLE, requests=stable_requests, errors=0,
+        latency_buckets=(
+            (0.005, stable_requests), (p99_seconds, stable_requests),
+            (float("inf"), stable_requests),
+        ),
+        failovers=0,
     )  # fmt: skip
     return Measurement(MODEL, 30, stable, canary, None, 0.0, {}, 0.0)
 
@@ -335,17 +341,85 @@ def test_below_full_traffic_a_canary_slower_than_stable_is_rolled_back(
     assert "latency_p99" in (controller.state.reason or "")
 
 
+def test_at_full_traffic_the_previous_steps_stable_is_the_baseline(
+    store: StateStore, admin: RecordingAdmin, clock: Clock
+) -> None:
+    controller = controller_for(store, admin, clock, steps=[50, 100])
+    run_ticks(controller, ScriptedProvider(GOOD, GOOD, GOOD), clock, 4)  # start, 3 passes
+    assert controller.state.baseline is not None
+    run_ticks(controller, ScriptedProvider(GOOD), clock, 1)
+    assert controller.state.weight == 1.0
+    # The baseline is in the state file: a restarted controller compares with it too.
+    restarted = Controller(store.load(MODEL), store, admin, clock=clock)
+    run_ticks(restarted, ScriptedProvider(then=slow_canary(0.05, stable_requests=0)), clock, 1)
+    assert restarted.state.phase is Phase.ROLLED_BACK
+    assert "latency_p99" in (restarted.state.reason or "")
+    last = analyses(store)[-1]
+    assert last.numbers["stable"]["baseline"] is True
+    assert last.numbers["stable"]["requests"] == 2000  # GOOD's stable side, not the empty one
+
+
 @pytest.mark.parametrize(("max_ms", "outcome"), [(None, Phase.SUCCEEDED), (20, Phase.ROLLED_BACK)])
-def test_at_full_traffic_only_absolute_bounds_apply(
+def test_without_any_stable_baseline_only_absolute_bounds_apply(
     store: StateStore, admin: RecordingAdmin, clock: Clock, max_ms: float | None, outcome: Phase
 ) -> None:
-    analysis = {"checks": {"latency_p99": {"max_ms": max_ms}}}
+    analysis = {"failure_limit": 1, "checks": {"latency_p99": {"max_ms": max_ms}}}
     controller = controller_for(
         store, admin, clock, steps=[100],
         analysis=AnalysisConfig.model_validate(analysis).model_dump(mode="json"),
     )  # fmt: skip
-    run_ticks(controller, ScriptedProvider(then=slow_canary(0.05)), clock, 10)
+    run_ticks(controller, ScriptedProvider(then=slow_canary(0.05, stable_requests=0)), clock, 10)
     assert controller.state.phase is outcome
+
+
+def test_a_step_bakes_only_on_continuous_passing_time(
+    store: StateStore, admin: RecordingAdmin, clock: Clock
+) -> None:
+    controller = controller_for(store, admin, clock)
+    # Seven inconclusive analyses, then one pass: the step began 8 s ago, but it has
+    # passed for 0 s of its 3 s bake.
+    run_ticks(controller, ScriptedProvider(*[FEW] * 7, GOOD), clock, 9)
+    assert controller.state.step == 0
+    assert controller.state.passing_since == clock.now - 1
+    # Pass, pass, one hold, pass, pass: the hold restarts the bake, no advance yet.
+    run_ticks(controller, ScriptedProvider(GOOD, FEW, GOOD, GOOD), clock, 4)
+    assert controller.state.step == 0
+    assert [e.decision for e in analyses(store)][-5:] == ["bake", "bake", "hold", "bake", "bake"]
+    run_ticks(controller, ScriptedProvider(GOOD, GOOD), clock, 2)
+    assert controller.state.step == 1
+
+
+def test_the_passing_streak_survives_a_controller_restart(
+    store: StateStore, admin: RecordingAdmin, clock: Clock
+) -> None:
+    controller = controller_for(store, admin, clock)
+    run_ticks(controller, ScriptedProvider(GOOD, GOOD), clock, 3)  # start, two passes
+    started = controller.state.passing_since
+    restarted = Controller(store.load(MODEL), store, admin, clock=clock)
+    assert restarted.state.passing_since == started
+    run_ticks(restarted, ScriptedProvider(GOOD, GOOD), clock, 2)
+    assert restarted.state.step == 1  # 3 s of passing across the restart
+
+
+def limited(failure_limit: int) -> dict[str, object]:
+    return AnalysisConfig(failure_limit=failure_limit).model_dump(mode="json")
+
+
+def test_failing_analyses_roll_back_only_at_the_failure_limit_in_a_row(
+    store: StateStore, admin: RecordingAdmin, clock: Clock
+) -> None:
+    controller = controller_for(store, admin, clock, analysis=limited(2))
+    run_ticks(controller, ScriptedProvider(BAD, GOOD, BAD, FEW, BAD), clock, 6)
+    assert controller.state.phase is Phase.PROGRESSING  # never two failures in a row
+    decisions = [(e.outcome, e.decision) for e in analyses(store)]
+    assert decisions[0] == ("fail", "hold")
+    assert "failing analysis 1 of 2 in a row" in analyses(store)[0].message
+    assert controller.state.failures == 1
+    # The count is in the state file: the second failure after a restart rolls back.
+    restarted = Controller(store.load(MODEL), store, admin, clock=clock)
+    run_ticks(restarted, ScriptedProvider(BAD), clock, 1)
+    assert restarted.state.phase is Phase.ROLLED_BACK
+    assert "2 failing analyses in a row" in analyses(store)[-1].message
 
 
 def test_a_blip_of_bad_luck_under_min_requests_never_rolls_back(
@@ -374,10 +448,10 @@ def test_n_verdictless_analyses_in_a_row_halt_until_resumed(
     assert metrics.state.labels(MODEL, "paused")._value.get() == 1
     run_ticks(controller, provider, clock, 10)  # passing analyses do not un-halt
     assert controller.state.phase is Phase.INCONCLUSIVE
-    assert admin.weights == [0.1, 0.5]  # the pass at 3 s had baked the first step
+    assert admin.weights == [0.1]  # one pass between non-passes never baked the step
     assert controller.command("resume").accepted
-    assert controller.state.phase is Phase.PROGRESSING and controller.state.step == 1
-    assert admin.weights == [0.1, 0.5]
+    assert controller.state.phase is Phase.PROGRESSING and controller.state.step == 0
+    assert admin.weights == [0.1]
     run_ticks(controller, provider, clock, 30)
     assert controller.state.phase is Phase.SUCCEEDED
 
