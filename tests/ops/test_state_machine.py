@@ -29,7 +29,7 @@ from ops.state import (
     new_rollout,
     routing_for,
 )
-from ops.timeline import render_timeline
+from ops.timeline import draw_timeline, render_timeline
 from serving.routing import ModelRouting
 
 MODEL = "digits"
@@ -101,6 +101,7 @@ def measurement(
 
 
 GOOD = measurement()
+GOOD_P99_MS = 9.5  # 90 % within 5 ms, the rest within 10 ms: 5 + 5 × (0.99 - 0.9) / 0.1
 BAD = measurement(200, 40)
 FEW = measurement(10)  # under min_requests: inconclusive
 NONE = measurement(0)  # no canary traffic: no_data
@@ -739,6 +740,29 @@ def test_timeline_is_drawn_from_the_event_log(finished_rollout: StateStore, tmp_
     path = render_timeline(events, tmp_path / "out" / "timeline.png", title="digits 1 -> 2")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000
+
+
+def test_a_promoted_rollout_ends_at_full_traffic_and_a_rolled_back_one_at_zero(
+    store: StateStore, admin: RecordingAdmin, clock: Clock, tmp_path: Path
+) -> None:
+    controller = controller_for(store, admin, clock, steps=[50, 100])
+    run_ticks(controller, ScriptedProvider(), clock, 30)
+    assert controller.state.phase is Phase.SUCCEEDED
+    figure = draw_timeline(EventLog(store.events_path(MODEL)).read())
+    weights, errors, latency = figure.axes
+    assert list(weights.lines[0].get_ydata())[-2:] == [100.0, 100.0]  # promoting, succeeded
+    # the checks' limits are drawn: stable's 0 % errors + 0.5 points, 1.2 × p99 + 5 ms
+    (error_limit,) = [line for line in errors.lines if line.get_label() == "error_rate limit"]
+    assert list(error_limit.get_ydata()) == pytest.approx([0.5] * len(error_limit.get_ydata()))
+    (latency_limit,) = [line for line in latency.lines if line.get_label() == "latency_p99 limit"]
+    limits = list(latency_limit.get_ydata())
+    assert limits == pytest.approx([GOOD_P99_MS * 1.2 + 5] * len(limits))
+
+    rolled_back = controller_for(StateStore(tmp_path / "other"), admin, clock)
+    run_ticks(rolled_back, ScriptedProvider(GOOD, BAD), clock, 5)
+    assert rolled_back.state.phase is Phase.ROLLED_BACK
+    events = EventLog(StateStore(tmp_path / "other").events_path(MODEL)).read()
+    assert list(draw_timeline(events).axes[0].lines[0].get_ydata())[-1] == 0.0
 
 
 def test_controller_metrics_export_one_state_at_a_time() -> None:
