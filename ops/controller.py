@@ -12,12 +12,12 @@ verdict and decides:
   last.
 
 At a 100 % step stable gets no traffic, yet a user expects a canary that got slower or
-less accurate there to be caught as at any other step. So whenever stable's own traffic
-in the window is under ``min_requests``, its side of the last measurement that had
-enough (kept in the state, so it survives a restart: normally the previous step's) is the
-baseline the relative bounds compare with. That baseline carried a share of the load
-rather than all of it, so the latency ratio is a little stricter there than at lower steps;
-the absolute bounds apply as everywhere.
+less accurate there to be caught as at any other step. So there stable's side of the last
+analysis below 100 % (kept in the state, so it survives a restart: normally the end of
+the previous step) is the baseline the relative bounds compare with. That baseline
+carried a share of the load rather than all of it, so the latency ratio is a little
+stricter there than at lower steps; the absolute bounds apply as everywhere. A rollout
+straight to 100 % has no baseline and is judged on what stable still shows in the window.
 
 Paused and inconclusive rollouts keep their weight and keep being analysed: a canary that
 fails while halted is still rolled back. Operator commands (pause, resume, promote, abort,
@@ -319,10 +319,10 @@ class Controller:
         self._act(decision, verdict, now)
 
     def _with_baseline(self, measurement: Measurement) -> Measurement:
-        """The measurement to judge: stable's last well-measured side stands in when its
-        own traffic in the window is too thin to compare with (a 100 % step)."""
+        """The measurement to judge: at full weight, stable's side from the last analysis
+        below it stands in for the stable that no longer gets traffic."""
         baseline = self._state.baseline
-        if baseline is None or measurement.stable.requests >= self._analysis.min_requests:
+        if baseline is None or self._state.weight < 1:
             return measurement
         return replace(measurement, stable=SideMeasurement.from_json(baseline))
 
@@ -334,7 +334,7 @@ class Controller:
         state = self._state
         passed = verdict.outcome == "pass"
         baseline = state.baseline
-        if measurement is not None and measurement.stable.requests >= self._analysis.min_requests:
+        if measurement is not None and state.weight < 1 and measurement.stable.requests > 0:
             baseline = measurement.stable.to_json()
         return state.evolve(
             now,
