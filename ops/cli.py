@@ -23,6 +23,10 @@ from rich.table import Table
 console = Console()
 
 DEFAULT_STEPS = "1,5,25,50,100"
+# Chosen on the simulated rollouts of benchmarks/rollout.py: analysing every 2 s rolls a
+# bad canary back within 10 s of 1 s scrapes at the default failure limit.
+DEFAULT_INTERVAL_S = 2.0
+DEFAULT_BAKE_S = 30.0
 DEFAULT_TOKEN_ENV = "SLIPWAY_ADMIN_TOKEN"
 ACK_TIMEOUT_S = 30.0
 OUTCOME_STYLES = {"pass": "green", "fail": "bold red", "inconclusive": "yellow", "no_data": "dim"}
@@ -113,10 +117,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     start.add_argument("--steps", type=_steps, default=_steps(DEFAULT_STEPS),
                        help=f"canary weights in percent (default {DEFAULT_STEPS})")  # fmt: skip
-    start.add_argument("--bake", type=_duration, default=30.0,
-                       help="time each step must pass analysis before the next (default 30s)")  # fmt: skip
-    start.add_argument("--interval", type=_duration, default=5.0,
-                       help="time between two analyses (default 5s)")  # fmt: skip
+    start.add_argument("--bake", type=_duration, default=DEFAULT_BAKE_S,
+                       help="time each step must pass analysis without a break before the "
+                       f"next (default {DEFAULT_BAKE_S:g}s)")  # fmt: skip
+    start.add_argument("--interval", type=_duration, default=DEFAULT_INTERVAL_S,
+                       help=f"time between two analyses (default {DEFAULT_INTERVAL_S:g}s)")  # fmt: skip
     start.add_argument(
         "--analysis", type=Path, help="analysis file (YAML); default checks if omitted"
     )
