@@ -5,11 +5,13 @@ any verdict, the bounds per check and the PromQL templates a Prometheus provider
 ``judge`` is a pure function of a ``Measurement`` and that config, so a verdict can be
 recomputed from the numbers an event log recorded.
 
-A canary fails a check only when it is worse than the bound *and* a one-sided test says it
-is worse with the configured confidence: traffic is noisy, and rolling back a good
-version on one unlucky minute costs as much trust as promoting a bad one. When the point
-estimate is past the bound but the evidence is not there yet, the verdict is
-"inconclusive" and the controller keeps watching.
+A canary fails a check only when it is worse than the bound *and* an exact one-sided test
+says so with the configured confidence, corrected for every bound tested in the same
+analysis: traffic is noisy, and rolling back a good version on one unlucky minute costs
+as much trust as promoting a bad one. The bounds relative to stable are non-inferiority
+margins (worse than stable by more than the margin), never equality with stable. When the
+point estimate is past a bound and the evidence leans that way without being conclusive,
+the verdict is "inconclusive" and the controller keeps watching.
 """
 
 from __future__ import annotations
@@ -586,14 +588,12 @@ def _shadow_agreement(
     name = "shadow_agreement"
     agreement, compared = measurement.shadow_agreement, measurement.shadow_requests
     if compared < min_requests:
-        message = f"{name}: {compared:g} of {min_requests} shadow comparisons, not judged"
+        message = f"{name}: {compared:.0f} of {min_requests} shadow comparisons, not judged"
         skipped = measurement.canary.requests > 0
         return CheckResult(name, None, agreement, check.min, None, None, message, skipped=skipped)
     passed = agreement is not None and agreement >= check.min
     relation = "at least" if passed else "below"
-    message = (
-        f"{name} {_show(agreement, '%')} {relation} min {check.min:.2%} on {compared:g} comparisons"
-    )
+    message = f"{name} {_show(agreement, '%')} {relation} min {check.min:.2%} on {compared:.0f} comparisons"
     return CheckResult(name, None, agreement, check.min, passed, None, message)
 
 
