@@ -524,25 +524,39 @@ def print_tables(results: Mapping[str, Any]) -> None:
         print_table(results)
 
 
+SIMULATED_COLUMNS = (
+    "canary", "rollouts", "rolled back (95 % CI)", "s to roll back (median / max)",
+    "checks that failed", "goal", "status",
+)  # fmt: skip
+LIVE_COLUMNS = (
+    "metrics source", "failover", "s to weight 0 (median / max)", "s to fail verdict",
+    "client errors / requests", "goal", "status",
+)  # fmt: skip
+
+
+def new_table(title: str, quick: bool, columns: tuple[str, ...]) -> Any:
+    """A rich table with these columns (rich is imported only when a table is printed)."""
+    from rich.table import Table
+
+    table = Table(title=f"{title}{' (quick)' if quick else ''}")
+    for column in columns:
+        table.add_column(column)
+    return table
+
+
 def print_simulated_table(results: Mapping[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
     goals = {
         "no_rollback": f"<= {FALSE_ROLLBACK_GOAL:.0%} rolled back",
         "rollback": f">= {POWER_GOAL:.0%} rolled back",
         "seconds": f"<= {ROLLBACK_SECONDS_GOAL:g} s to roll back",
     }
-    table = Table(
-        title="Simulated rollouts at the default analysis "
+    title = (
+        "Simulated rollouts at the default analysis "
         f"(interval {DEFAULT_INTERVAL_S:g} s, bake {DEFAULT_BAKE_S:g} s, 1 s scrapes)"
-        f"{' (quick)' if results['quick'] else ''}"
     )
-    for column in (
-        "canary", "rollouts", "rolled back (95 % CI)", "s to roll back (median / max)",
-        "checks that failed", "goal", "status",
-    ):  # fmt: skip
-        table.add_column(column)
+    table = new_table(title, results["quick"], SIMULATED_COLUMNS)
     for name, row in results["simulated"].items():
         low, high = row["rollback_rate_95"]
         seconds = (
@@ -560,17 +574,9 @@ def print_simulated_table(results: Mapping[str, Any]) -> None:
 
 def print_table(results: Mapping[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(
-        title=f"Slipway rollout benchmark: a canary failing {ERROR_PERCENT}% at "
-        f"{CANARY_PERCENT}%{' (quick)' if results['quick'] else ''}"
-    )
-    for column in (
-        "metrics source", "failover", "s to weight 0 (median / max)", "s to fail verdict",
-        "client errors / requests", "goal", "status",
-    ):  # fmt: skip
-        table.add_column(column)
+    title = f"Live rollouts: a canary failing {ERROR_PERCENT}% at {CANARY_PERCENT}%"
+    table = new_table(title, results["quick"], LIVE_COLUMNS)
     for key, row in results["summary"].items():
         provider, failover = key.split(", failover ")
         errors_goal = "0" if failover == "on" else f"<= {row['error_goal']:g}"

@@ -361,11 +361,26 @@ def _traffic_checks(
     stable, canary, checks = measurement.stable, measurement.canary, config.checks
     results: list[_Tested | CheckResult] = []
     if checks.error_rate is not None:
-        results.append(_error_rate(stable, canary, checks.error_rate))
+        errors = checks.error_rate
+        results.append(
+            _rate_check(
+                "error_rate", stable, canary, canary.errors, errors.max_increase_points, errors.max
+            )  # fmt: skip
+        )
     if checks.latency_p99 is not None:
         results.append(_latency(stable, canary, checks.latency_p99, config.min_requests))
     if checks.failover_rate is not None:
-        results.append(_failover_rate(stable, canary, checks.failover_rate))
+        failovers = checks.failover_rate
+        results.append(
+            _rate_check(
+                "failover_rate",
+                stable,
+                canary,
+                canary.failovers,
+                failovers.max_increase_points,
+                failovers.max,
+            )  # fmt: skip
+        )
     if checks.accuracy is not None:
         results.append(_accuracy(stable, canary, checks.accuracy))
     return results
@@ -482,26 +497,22 @@ def _rate_bounds(
     return bounds, min(limits, default=None)
 
 
-def _error_rate(stable: SideMeasurement, canary: SideMeasurement, check: ErrorRateCheck) -> _Tested:
-    bounds, limit = _rate_bounds(
-        stable.errors, stable.requests, canary.errors, canary.requests,
-        check.max_increase_points, check.max,
-    )  # fmt: skip
-    canary_rate = min(canary.errors, canary.requests) / canary.requests
-    missing = stable.error_rate is None and check.max_increase_points is not None
-    return _Tested("error_rate", stable.error_rate, canary_rate, limit, bounds, "%", missing)
-
-
-def _failover_rate(
-    stable: SideMeasurement, canary: SideMeasurement, check: FailoverRateCheck
+def _rate_check(
+    name: str,
+    stable: SideMeasurement,
+    canary: SideMeasurement,
+    canary_events: float,
+    increase_points: float | None,
+    maximum: float | None,
 ) -> _Tested:
+    """Canary events per request (errors, or failovers: failures stable would have answered)
+    against stable's error rate + ``increase_points`` and against ``maximum``."""
     bounds, limit = _rate_bounds(
-        stable.errors, stable.requests, canary.failovers, canary.requests,
-        check.max_increase_points, check.max,
-    )  # fmt: skip
-    rate = min(canary.failovers, canary.requests) / canary.requests
-    missing = stable.error_rate is None and check.max_increase_points is not None
-    return _Tested("failover_rate", stable.error_rate, rate, limit, bounds, "%", missing)
+        stable.errors, stable.requests, canary_events, canary.requests, increase_points, maximum
+    )
+    rate = min(canary_events, canary.requests) / canary.requests
+    missing = stable.error_rate is None and increase_points is not None
+    return _Tested(name, stable.error_rate, rate, limit, bounds, "%", missing)
 
 
 def _accuracy(
