@@ -213,6 +213,16 @@ def test_failovers_count_against_the_canary() -> None:
     assert result.limit == pytest.approx(0.005)  # stable's error rate (0) + 0.5 points
 
 
+def test_failovers_at_stables_own_error_rate_are_not_a_failure() -> None:
+    # A 2.4 % base error rate: a canary failing over as often as stable fails is as good
+    # as stable (a fixed 1 % limit rolled such canaries back).
+    stable, canary = side(1, 20_000, 480), side(2, 2000, 48, failovers=48)
+    verdict = judge(measure(stable, canary), DEFAULT)
+    result = check(verdict, "failover_rate")
+    assert result.passed is True and result.limit == pytest.approx(0.029)
+    assert verdict.outcome == "pass", verdict.message
+
+
 def test_at_full_weight_relative_checks_are_skipped_and_absolute_ones_decide() -> None:
     verdict = judge(measure(side(1, 0), side(2, 1000, 5)), DEFAULT)
     assert verdict.outcome == "pass", verdict.message
