@@ -14,7 +14,6 @@ tests use too.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import secrets
@@ -34,6 +33,7 @@ from rich.console import Console
 from rich.rule import Rule
 
 from serving.process import GatewayProcess
+from slipway.feedback_client import DelayedFeedback, FeedbackCounts, KeepAlive, Label
 
 MODEL = "digits"
 TOKEN_ENV = "SLIPWAY_ADMIN_TOKEN"
@@ -54,14 +54,18 @@ def publish_faulty_version(
     *,
     error_percent: float = 0.0,
     delay_ms: float = 0.0,
+    swap_percent: float = 0.0,
 ) -> Path:
     """Publish ``source`` (a SavedModel) wrapped to misbehave as ``model_root/model/version``.
 
     The wrapper has the same ``serving_default`` inputs and outputs and answers the same,
     except that a request fails (INVALID_ARGUMENT from an assertion) when a hash of its
     input values falls in the lowest ``error_percent`` of 100 buckets, so the same inputs
-    always fail and varied inputs fail about that often; and every call first sleeps
-    ``delay_ms`` (a tf.data sleep, which holds no CPU while it waits).
+    always fail and varied inputs fail about that often; every call first sleeps
+    ``delay_ms`` (a tf.data sleep, which holds no CPU while it waits); and a row whose hash
+    falls in the lowest ``swap_percent`` buckets has its class scores rotated by one class,
+    so it is answered as fast and without an error, but with the wrong class: accuracy
+    drops by about ``swap_percent`` points of what the source gets right.
     """
     import tensorflow as tf
 
@@ -84,8 +88,12 @@ def publish_faulty_version(
         def serve(self, *tensors: tf.Tensor) -> dict[str, tf.Tensor]:
             outputs = inner(**dict(zip(names, tensors, strict=True)))
             guards = []
-            if error_percent > 0:
+            if error_percent > 0 or swap_percent > 0:
                 bucket = tf.strings.to_hash_bucket_fast(_row_keys(tf, tensors), 100)
+            if swap_percent > 0:
+                swapped = bucket < tf.cast(swap_percent, tf.int64)
+                outputs = {name: _swap_classes(tf, t, swapped) for name, t in outputs.items()}
+            if error_percent > 0:
                 guards.append(
                     tf.debugging.assert_greater_equal(
                         bucket,
@@ -109,7 +117,9 @@ def publish_faulty_version(
                 key: manifest[key] for key in ("name", "signature", "labels") if key in manifest
             }
             kept["name"] = model
-            kept["fault"] = {"error_percent": error_percent, "delay_ms": delay_ms}
+            kept["fault"] = {
+                "error_percent": error_percent, "delay_ms": delay_ms, "swap_percent": swap_percent
+            }  # fmt: skip
             write_model_manifest(directory, kept)
 
     return publish_version(model_root, model, write, version=version)[1]
@@ -126,6 +136,16 @@ def _row_keys(tf: Any, tensors: Sequence[Any]) -> Any:
             flat = tf.strings.as_string(numbers, precision=4)
         parts.append(tf.strings.reduce_join(flat, axis=1, separator=","))
     return tf.strings.reduce_join(tf.stack(parts, axis=1), axis=1, separator="|")
+
+
+def _swap_classes(tf: Any, output: Any, swapped: Any) -> Any:
+    """``output`` with the class scores of the ``swapped`` rows rotated by one class (the
+    top class becomes the next one), if it holds class scores (floats, [rows, classes]
+    with two classes or more); any other output unchanged."""
+    classes = output.shape[-1] if output.shape.rank == 2 else None
+    if not output.dtype.is_floating or classes is None or classes < 2:
+        return output
+    return tf.where(swapped[:, tf.newaxis], tf.roll(output, shift=1, axis=1), output)
 
 
 def _sleep(tf: Any, microseconds: int) -> Any:
@@ -182,13 +202,15 @@ def request_pool(signature: Mapping[str, Any], count: int = 200, seed: int = 0) 
 @dataclass
 class LoadCounts:
     """What the clients saw: requests sent, answered OK, and failed (by HTTP status; 0 for
-    a connection error), with the monotonic time of each failure."""
+    a connection error), with the monotonic time of each failure; and, for labelled
+    traffic, what became of the labels sent back as feedback."""
 
     sent: int = 0
     ok: int = 0
     errors: int = 0
     statuses: Counter = field(default_factory=Counter)
     error_times: list[float] = field(default_factory=list)
+    feedback: FeedbackCounts = field(default_factory=FeedbackCounts)
 
 
 class ClientLoad:
@@ -196,6 +218,9 @@ class ClientLoad:
 
     ``rate`` requests per second in total, paced (a thread that falls behind skips ahead
     rather than bursting), spread round-robin over ``urls``, cycling through ``pool``.
+    With ``labels`` (the true label of each pool row) every answered request's label is
+    posted back to the gateway that answered, by the answer's ``X-Request-Id``,
+    ``feedback_delay`` seconds later, so the gateways count each version's live accuracy.
     """
 
     def __init__(
@@ -207,12 +232,18 @@ class ClientLoad:
         rate: float = 50.0,
         threads: int = 4,
         timeout: float = 10.0,
+        labels: Sequence[Label] | None = None,
+        feedback_delay: float = 0.0,
     ) -> None:
         if not pool:
             raise ValueError("the request pool is empty")
+        if labels is not None and len(labels) != len(pool):
+            raise ValueError(f"{len(labels)} labels for a pool of {len(pool)} rows")
         self.urls = list(urls)
         self.path = f"/v1/models/{urllib.parse.quote(model, safe='')}:predict"
         self.bodies = [json.dumps({"instances": [row]}).encode() for row in pool]
+        self.labels = None if labels is None else list(labels)
+        self.feedback = DelayedFeedback(model, delay=feedback_delay, timeout=timeout)
         self.rate = rate
         self.timeout = timeout
         self._threads = [
@@ -231,9 +262,12 @@ class ClientLoad:
                 self._counts.errors,
                 Counter(self._counts.statuses),
                 list(self._counts.error_times),
+                self.feedback.counts(),
             )
 
     def start(self) -> ClientLoad:
+        if self.labels is not None:
+            self.feedback.start()
         for thread in self._threads:
             thread.start()
         return self
@@ -242,6 +276,7 @@ class ClientLoad:
         self._stop.set()
         for thread in self._threads:
             thread.join(self.timeout + 5)
+        self.feedback.stop()
         return self.counts()
 
     def __enter__(self) -> ClientLoad:
@@ -252,14 +287,18 @@ class ClientLoad:
 
     def _client(self, index: int, threads: int) -> None:
         period = threads / self.rate
-        connections: dict[str, http.client.HTTPConnection] = {}
+        client = KeepAlive(self.timeout)
         sent = 0
         next_at = time.monotonic() + index * period / threads
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
             url = self.urls[(index + sent) % len(self.urls)]
-            body = self.bodies[(index + sent * threads) % len(self.bodies)]
-            status = self._send(connections, url, body)
+            row = (index + sent * threads) % len(self.bodies)
+            status, headers, _ = client.post(url, self.path, self.bodies[row])
             sent += 1
+            if status == 200 and self.labels is not None and headers is not None:
+                request_id = headers.get("X-Request-Id")
+                if request_id:
+                    self.feedback.add(url, request_id, self.labels[row])
             with self._lock:
                 self._counts.sent += 1
                 self._counts.statuses[status] += 1
@@ -269,28 +308,7 @@ class ClientLoad:
                     self._counts.errors += 1
                     self._counts.error_times.append(time.monotonic())
             next_at = max(next_at + period, time.monotonic())
-        for connection in connections.values():
-            connection.close()
-
-    def _send(
-        self, connections: dict[str, http.client.HTTPConnection], url: str, body: bytes
-    ) -> int:
-        connection = connections.get(url)
-        if connection is None:
-            parts = urllib.parse.urlsplit(url)
-            connection = http.client.HTTPConnection(
-                parts.hostname, parts.port, timeout=self.timeout
-            )
-            connections[url] = connection
-        try:
-            connection.request("POST", self.path, body, {"Content-Type": "application/json"})
-            response = connection.getresponse()
-            response.read()
-            return response.status
-        except (OSError, http.client.HTTPException):
-            connection.close()
-            connections.pop(url, None)
-            return 0
+        client.close()
 
 
 # ---------------------------------------------------------------------------------------
