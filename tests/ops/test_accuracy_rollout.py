@@ -11,9 +11,7 @@ wrong on those rows only.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,23 +20,19 @@ import yaml
 
 from ops.events import Event
 from ops.state import Phase, StateStore
-from serving.process import GatewayProcess
 from serving.routing import ModelRouting
 from slipway.demo_rollout import (
-    TOKEN_ENV,
-    ClientLoad,
     publish_copy,
     publish_faulty_version,
     request_pool,
     write_gateway_config,
 )
-from tests.ops.prometheus_process import PrometheusProcess
 from tests.ops.test_rollout_integration import (
-    TOKEN,
     Fleet,
     events,
     replica_routing,
     rollout,
+    running_fleet,
 )
 from tests.serving import model_factory
 
@@ -81,25 +75,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     config = write_gateway_config(work / "gateway", routing={MODEL: {"labels": {"stable": STABLE}}})
     analysis = work / "analysis.yaml"
     analysis.write_text(yaml.safe_dump(ANALYSIS))
-    env = {**os.environ, TOKEN_ENV: TOKEN}
     pool, labels = labelled_pool()
-    gateways = [GatewayProcess(root, config=config, env=env) for _ in range(2)]
-    try:
-        with ThreadPoolExecutor(len(gateways)) as starting:
-            list(starting.map(lambda gateway: gateway.start(), gateways))
-        with (
-            PrometheusProcess([g.rest_url.removeprefix("http://") for g in gateways]) as prometheus,
-            ClientLoad(
-                [g.rest_url for g in gateways], MODEL, pool, rate=60, labels=labels,
-                feedback_delay=0.5,
-            ) as load,
-        ):  # fmt: skip
-            prometheus.wait_for_targets()
-            yield Fleet(gateways, prometheus, load, config.parent / "routing.yaml", analysis, env)
-    finally:
-        for gateway in gateways:
-            if gateway.process is not None:
-                gateway.__exit__(None, None, None)
+    with running_fleet(root, config, analysis, pool, labels=labels, feedback_delay=0.5) as fleet:
+        yield fleet
 
 
 @pytest.fixture
