@@ -251,8 +251,10 @@ class AnalysisConfig(StrictModel):
     ``confidence`` applies to each analysis as a whole (Holm's correction over every bound
     its checks test), and ``failure_limit`` failing analyses in a row roll back (Argo's
     ``failureLimit``, Flagger's ``threshold``): windows overlap, so one unlucky stretch of
-    traffic fails several analyses in a row, and the defaults were chosen on the A/A
-    benchmark (``benchmarks/rollout.py``) to roll back fewer than 1 % of good canaries.
+    traffic fails several analyses in a row. The defaults were chosen on the simulated
+    rollouts of ``benchmarks/rollout.py``: at 0.99 and 2, no good canary of 1000 rolled
+    back (0.3 % at 0.95 and 2, 0.5 % of 200 at 0.95 and 1), every bad one of the power
+    scenarios did, and a failing canary was out within 10 s; a limit of 3 took 12 s.
     """
 
     window: Duration = 30.0
