@@ -5,11 +5,13 @@ any verdict, the bounds per check and the PromQL templates a Prometheus provider
 ``judge`` is a pure function of a ``Measurement`` and that config, so a verdict can be
 recomputed from the numbers an event log recorded.
 
-A canary fails a check only when it is worse than the bound *and* a one-sided test says it
-is worse with the configured confidence: traffic is noisy, and rolling back a good
-version on one unlucky minute costs as much trust as promoting a bad one. When the point
-estimate is past the bound but the evidence is not there yet, the verdict is
-"inconclusive" and the controller keeps watching.
+A canary fails a check only when it is worse than the bound *and* an exact one-sided test
+says so with the configured confidence, corrected for every bound tested in the same
+analysis: traffic is noisy, and rolling back a good version on one unlucky minute costs
+as much trust as promoting a bad one. The bounds relative to stable are non-inferiority
+margins (worse than stable by more than the margin), never equality with stable. When the
+point estimate is past a bound and the evidence leans that way without being conclusive,
+the verdict is "inconclusive" and the controller keeps watching.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ from ops import stats
 from ops.measurement import Measurement, SideMeasurement
 
 LATENCY_QUANTILE = 0.99
+# A point estimate past a bound holds the rollout ("inconclusive") only while the evidence
+# leans towards a violation: a corrected p-value under even odds. Above it, the excess is
+# what chance alone produces at these counts (3 errors in 150 requests against a 1 % base
+# is 2 %, past stable + 0.5 points), and holding on it would stall every good rollout at
+# its first steps, since a hold restarts the bake.
+SUGGESTIVE_P = 0.5
 
 # Durations as Prometheus writes them: "500ms", "30s", "1m30s", "2h".
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -112,7 +120,9 @@ class Queries(StrictModel):
     The defaults read the gateway's own series (serving/metrics.py). Each side is selected
     by ``route`` (``stable`` or ``canary``) as well as version, so explicit-version
     requests from other clients never count for or against a canary. Shadow templates
-    are rendered with the canary version and route ``shadow``. Every count is an
+    are rendered with the canary version and route ``shadow``. ``labelled`` and ``correct``
+    count the predictions whose true label came back through the feedback API (all of
+    them, and those whose top-1 class matched it). Every count is an
     ``increase()`` over ``{window}`` because the statistical tests need counts, not rates.
     """
 
@@ -134,6 +144,8 @@ class Queries(StrictModel):
     shadow_requests: Template = (
         f"sum(increase(slipway_gateway_shadow_agreement_count{{{_VERSION_SELECTOR}}}[{{window}}]))"
     )
+    labelled: Template = f"sum(increase(slipway_gateway_feedback_total{{{_SELECTOR}}}[{{window}}]))"
+    correct: Template = f'sum(increase(slipway_gateway_feedback_total{{{_SELECTOR},outcome="correct"}}[{{window}}]))'
 
 
 # ---------------------------------------------------------------------------------------
@@ -144,10 +156,14 @@ Proportion = Annotated[float, Field(ge=0, le=1)]
 
 
 class ErrorRateCheck(StrictModel):
-    """Errors per request (any code but OK): ``max_increase_points`` percentage points above
-    stable at most, and ``max`` (a fraction) in absolute terms; either may be null."""
+    """Errors per request (any code but OK).
 
-    max_increase_points: float | None = Field(default=0.5, ge=0, le=100)
+    Fails when the evidence says the canary's rate is more than ``max_increase_points``
+    percentage points above stable's (a non-inferiority margin: a canary merely as bad as
+    stable never fails), or above ``max`` (a fraction) in absolute terms; either may be
+    null."""
+
+    max_increase_points: float | None = Field(default=0.5, ge=0, lt=100)
     max: Proportion | None = 0.05
 
 
@@ -168,9 +184,25 @@ class ShadowAgreementCheck(StrictModel):
 
 
 class FailoverRateCheck(StrictModel):
-    """Requests retried on stable after the canary failed, per canary request."""
+    """Canary requests retried on stable, per canary request: at most
+    ``max_increase_points`` percentage points above stable's error rate (a failover is a
+    failure stable would have answered), and at most ``max`` in absolute terms. A fixed
+    absolute limit sits on whatever error rate the model normally has, so it is off by
+    default."""
 
-    max: Proportion = 0.01
+    max_increase_points: float | None = Field(default=0.5, ge=0, lt=100)
+    max: Proportion | None = None
+
+
+class AccuracyCheck(StrictModel):
+    """Live top-1 accuracy on the predictions whose true label came back (feedback API):
+    the canary fails when the evidence says it is more than ``max_decrease_points``
+    percentage points below stable. Skipped, never holding a rollout back, while either
+    side has fewer than ``min_labels`` labels in the window: models without feedback roll
+    out on the other checks."""
+
+    max_decrease_points: float = Field(default=2.0, ge=0, lt=100)
+    min_labels: int = Field(default=100, ge=1)
 
 
 class CustomCheck(StrictModel):
@@ -198,6 +230,7 @@ class Checks(StrictModel):
     latency_p99: LatencyCheck | None = LatencyCheck()
     shadow_agreement: ShadowAgreementCheck | None = ShadowAgreementCheck()
     failover_rate: FailoverRateCheck | None = FailoverRateCheck()
+    accuracy: AccuracyCheck | None = AccuracyCheck()
     custom: list[CustomCheck] = Field(default_factory=list)
 
     @field_validator("custom")
@@ -213,11 +246,21 @@ class Checks(StrictModel):
 
 
 class AnalysisConfig(StrictModel):
-    """The whole analysis file; ``AnalysisConfig()`` is the default analysis."""
+    """The whole analysis file; ``AnalysisConfig()`` is the default analysis.
+
+    ``confidence`` applies to each analysis as a whole (Holm's correction over every bound
+    its checks test), and ``failure_limit`` failing analyses in a row roll back (Argo's
+    ``failureLimit``, Flagger's ``threshold``): windows overlap, so one unlucky stretch of
+    traffic fails several analyses in a row. The defaults were chosen on the simulated
+    rollouts of ``benchmarks/rollout.py``: at 0.99 and 2, no good canary of 1000 rolled
+    back (0.3 % at 0.95 and 2, 0.5 % of 200 at 0.95 and 1), every bad one of the power
+    scenarios did, and a failing canary was out within 10 s; a limit of 3 took 12 s.
+    """
 
     window: Duration = 30.0
     min_requests: int = Field(default=50, ge=1)
-    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    confidence: float = Field(default=0.99, gt=0.5, lt=1)
+    failure_limit: int = Field(default=2, ge=1)
     checks: Checks = Checks()
     queries: Queries = Queries()
 
@@ -275,15 +318,20 @@ def judge(measurement: Measurement, config: AnalysisConfig) -> Verdict:
     - fewer than ``min_requests`` canary requests (shadow comparisons while the canary gets
       no traffic of its own): "inconclusive", whatever the numbers say;
     - any check failed: "fail"; any check undecided: "inconclusive"; else "pass".
+
+    A bound fails only when its Holm-adjusted p-value, over every bound tested in this
+    analysis, is below 1 - ``confidence``: five checks at 1 % each would otherwise roll
+    back a good canary on about one analysis in twenty.
     """
     canary = measurement.canary
     has_shadow = measurement.shadow_agreement is not None and measurement.shadow_requests > 0
     if canary.requests <= 0 and not has_shadow:
         return no_data(f"no requests reached canary version {canary.version} in the window")
     alpha = 1 - config.confidence
-    checks: list[CheckResult] = []
+    tested: list[_Tested | CheckResult] = []
     if canary.requests > 0:
-        checks += _traffic_checks(measurement, config.checks, alpha)
+        tested += _traffic_checks(measurement, config)
+    checks = _decide_all(tested, alpha)
     if config.checks.shadow_agreement is not None and has_shadow:
         checks.append(
             _shadow_agreement(measurement, config.checks.shadow_agreement, config.min_requests)
@@ -295,7 +343,7 @@ def judge(measurement: Measurement, config: AnalysisConfig) -> Verdict:
     else:
         evidence, kind = measurement.shadow_requests, "shadow comparisons"
     if evidence < config.min_requests:
-        waiting = f"{evidence:g} of {config.min_requests} {kind} needed before a verdict"
+        waiting = f"{evidence:.0f} of {config.min_requests} {kind} needed before a verdict"
         undecided = [
             replace(check, passed=None) if not check.skipped else check for check in checks
         ]
@@ -306,95 +354,201 @@ def judge(measurement: Measurement, config: AnalysisConfig) -> Verdict:
     undecided = [check for check in checks if check.passed is None and not check.skipped]
     if undecided:
         return Verdict("inconclusive", checks, "; ".join(check.message for check in undecided))
-    return Verdict("pass", checks, f"all checks passed on {evidence:g} {kind}")
+    return Verdict("pass", checks, f"all checks passed on {evidence:.0f} {kind}")
 
 
-def _traffic_checks(measurement: Measurement, checks: Checks, alpha: float) -> list[CheckResult]:
-    results = []
+def _traffic_checks(
+    measurement: Measurement, config: AnalysisConfig
+) -> list[_Tested | CheckResult]:
+    stable, canary, checks = measurement.stable, measurement.canary, config.checks
+    results: list[_Tested | CheckResult] = []
     if checks.error_rate is not None:
+        errors = checks.error_rate
         results.append(
-            _error_rate(measurement.stable, measurement.canary, checks.error_rate, alpha)
+            _rate_check(
+                "error_rate", stable, canary, canary.errors, errors.max_increase_points, errors.max
+            )  # fmt: skip
         )
     if checks.latency_p99 is not None:
-        results.append(_latency(measurement.stable, measurement.canary, checks.latency_p99, alpha))
+        results.append(_latency(stable, canary, checks.latency_p99, config.min_requests))
     if checks.failover_rate is not None:
-        results.append(_failover_rate(measurement.canary, checks.failover_rate, alpha))
+        failovers = checks.failover_rate
+        results.append(
+            _rate_check(
+                "failover_rate",
+                stable,
+                canary,
+                canary.failovers,
+                failovers.max_increase_points,
+                failovers.max,
+            )  # fmt: skip
+        )
+    if checks.accuracy is not None:
+        results.append(_accuracy(stable, canary, checks.accuracy))
     return results
 
 
 @dataclass(frozen=True)
 class _Bound:
-    """One bound of a check: whether the point estimate exceeds it, and the test's p-value."""
+    """One bound of a check: whether the point estimate is past it, and the p-value of
+    "the canary is within it" (Holm-adjusted once every bound of the analysis is known)."""
 
     description: str
     exceeded: bool
     p_value: float
 
 
-def _decide(
-    name: str,
-    stable: float | None,
-    canary: float | None,
-    limit: float | None,
-    bounds: list[_Bound],
-    alpha: float,
-    unit: str,
-    baseline_missing: bool,
-) -> CheckResult:
-    """Fail on a bound exceeded with significance, hold on one exceeded without it."""
+@dataclass(frozen=True)
+class _Tested:
+    """A check whose bounds are tested, waiting for the analysis-wide correction.
+
+    ``worse`` is how the canary is past a bound ("above" a rate, "below" an accuracy);
+    ``baseline_missing`` marks a check that compares with stable when stable has no
+    usable numbers."""
+
+    name: str
+    stable: float | None
+    canary: float | None
+    limit: float | None
+    bounds: list[_Bound]
+    unit: str
+    baseline_missing: bool
+    worse: str = "above"
+
+
+def _decide_all(tested: list[_Tested | CheckResult], alpha: float) -> list[CheckResult]:
+    """Holm's correction over every bound tested, then each check's result."""
+    bounds = [bound for item in tested if isinstance(item, _Tested) for bound in item.bounds]
+    adjusted = iter(stats.holm([bound.p_value for bound in bounds]))
+    results = []
+    for item in tested:
+        if isinstance(item, CheckResult):
+            results.append(item)
+            continue
+        corrected = [replace(bound, p_value=next(adjusted)) for bound in item.bounds]
+        results.append(_decide(replace(item, bounds=corrected), alpha, len(bounds)))
+    return results
+
+
+def _decide(check: _Tested, alpha: float, tests: int) -> CheckResult:
+    """Fail on a bound exceeded with significance, hold on one exceeded on evidence that
+    leans towards a violation (``SUGGESTIVE_P``), pass otherwise."""
+    name, stable, canary, limit, unit = (
+        check.name, check.stable, check.canary, check.limit, check.unit
+    )  # fmt: skip
     shown = f"{_show(canary, unit)} (stable {_show(stable, unit)})"
-    for bound in bounds:
+    corrected = f"Holm-adjusted over {tests} tests" if tests > 1 else "one test"
+    for bound in check.bounds:
         if bound.exceeded and bound.p_value < alpha:
-            message = f"{name} {shown} above {bound.description}, p={bound.p_value:.3g}"
-            return CheckResult(name, stable, canary, limit, False, bound.p_value, message)
-    for bound in bounds:
-        if bound.exceeded:
             message = (
-                f"{name} {shown} above {bound.description} but not significant yet "
-                f"(p={bound.p_value:.3g} ≥ {alpha:.3g})"
+                f"{name} {shown} {check.worse} {bound.description}, "
+                f"p={bound.p_value:.3g} ({corrected})"
+            )
+            return CheckResult(name, stable, canary, limit, False, bound.p_value, message)
+    for bound in check.bounds:
+        if bound.exceeded and bound.p_value < SUGGESTIVE_P:
+            message = (
+                f"{name} {shown} {check.worse} {bound.description} but not significant yet "
+                f"(p={bound.p_value:.3g} ≥ {alpha:.3g}, {corrected})"
             )
             return CheckResult(name, stable, canary, limit, None, bound.p_value, message)
-    if baseline_missing and not bounds:
-        # At 100 % canary weight stable gets no traffic: nothing to compare, nothing to hold for.
+    if check.baseline_missing and not check.bounds:
+        # No stable traffic and no baseline: nothing to compare, nothing to hold for.
         message = f"{name} {shown}: no stable traffic to compare with"
         return CheckResult(name, stable, canary, limit, None, None, message, skipped=True)
-    p_value = min((bound.p_value for bound in bounds), default=None)
-    message = f"{name} {shown} within {_show(limit, unit)}"
+    p_value = min((bound.p_value for bound in check.bounds), default=None)
+    if any(bound.exceeded for bound in check.bounds):
+        message = (
+            f"{name} {shown} past {_show(limit, unit)} by chance alone "
+            f"(p={p_value:.3g}, {corrected})"
+        )
+    else:
+        message = f"{name} {shown} within {_show(limit, unit)}"
     return CheckResult(name, stable, canary, limit, True, p_value, message)
 
 
-def _error_rate(
-    stable: SideMeasurement, canary: SideMeasurement, check: ErrorRateCheck, alpha: float
-) -> CheckResult:
-    canary_errors = min(canary.errors, canary.requests)
-    canary_rate = canary_errors / canary.requests
-    stable_rate = stable.error_rate
+def _rate_bounds(
+    stable_events: float,
+    stable_total: float,
+    canary_events: float,
+    canary_total: float,
+    increase_points: float | None,
+    maximum: float | None,
+) -> tuple[list[_Bound], float | None]:
+    """The bounds of a rate check (relative to stable when it has traffic, absolute) and
+    the tightest limit. Counts are clipped to their totals: extrapolated increases of two
+    series can disagree by a fraction."""
+    canary_events = min(canary_events, canary_total)
+    canary_rate = canary_events / canary_total
     bounds, limits = [], []
-    if check.max_increase_points is not None and stable_rate is not None:
-        relative = stable_rate + check.max_increase_points / 100
-        test = stats.two_proportion_z_test(
-            min(stable.errors, stable.requests), stable.requests, canary_errors, canary.requests
+    if increase_points is not None and stable_total > 0:
+        stable_events = min(stable_events, stable_total)
+        margin = increase_points / 100
+        relative = stable_events / stable_total + margin
+        test = stats.rate_increase_test(
+            stable_events, stable_total, canary_events, canary_total, margin
         )
         bounds.append(
-            _Bound(
-                f"stable + {check.max_increase_points:g} points",
-                canary_rate > relative,
-                test.p_value,
-            )
+            _Bound(f"stable + {increase_points:g} points", canary_rate > relative, test.p_value)
         )
         limits.append(relative)
-    if check.max is not None:
-        test = stats.proportion_above_test(canary_errors, canary.requests, check.max)
-        bounds.append(_Bound(f"max {check.max:.2%}", canary_rate > check.max, test.p_value))
-        limits.append(check.max)
-    limit = min(limits, default=None)
-    missing = stable_rate is None and check.max_increase_points is not None
-    return _decide("error_rate", stable_rate, canary_rate, limit, bounds, alpha, "%", missing)
+    if maximum is not None:
+        test = stats.binomial_above_test(canary_events, canary_total, maximum)
+        bounds.append(_Bound(f"max {maximum:.2%}", canary_rate > maximum, test.p_value))
+        limits.append(maximum)
+    return bounds, min(limits, default=None)
+
+
+def _rate_check(
+    name: str,
+    stable: SideMeasurement,
+    canary: SideMeasurement,
+    canary_events: float,
+    increase_points: float | None,
+    maximum: float | None,
+) -> _Tested:
+    """Canary events per request (errors, or failovers: failures stable would have answered)
+    against stable's error rate + ``increase_points`` and against ``maximum``."""
+    bounds, limit = _rate_bounds(
+        stable.errors, stable.requests, canary_events, canary.requests, increase_points, maximum
+    )
+    rate = min(canary_events, canary.requests) / canary.requests
+    missing = stable.error_rate is None and increase_points is not None
+    return _Tested(name, stable.error_rate, rate, limit, bounds, "%", missing)
+
+
+def _accuracy(
+    stable: SideMeasurement, canary: SideMeasurement, check: AccuracyCheck
+) -> _Tested | CheckResult:
+    """Non-inferiority on accuracy, tested as misclassification rates: the canary's may be
+    at most ``max_decrease_points`` above stable's."""
+    name = "accuracy"
+    stable_accuracy, canary_accuracy = stable.accuracy, canary.accuracy
+    labels = min(stable.labelled, canary.labelled)
+    if labels < check.min_labels:
+        message = (
+            f"{name}: {canary.labelled:.0f} canary and {stable.labelled:.0f} stable labels, "
+            f"{check.min_labels} each needed; not judged"
+        )
+        return CheckResult(
+            name, stable_accuracy, canary_accuracy, None, None, None, message, skipped=True
+        )
+    bounds, limit = _rate_bounds(
+        stable.labelled - min(stable.correct, stable.labelled), stable.labelled,
+        canary.labelled - min(canary.correct, canary.labelled), canary.labelled,
+        check.max_decrease_points, None,
+    )  # fmt: skip
+    shown = [
+        replace(bound, description=f"stable - {check.max_decrease_points:g} points")
+        for bound in bounds
+    ]
+    floor = None if limit is None else 1 - limit
+    return _Tested(name, stable_accuracy, canary_accuracy, floor, shown, "%", False, "below")
 
 
 def _latency(
-    stable: SideMeasurement, canary: SideMeasurement, check: LatencyCheck, alpha: float
-) -> CheckResult:
+    stable: SideMeasurement, canary: SideMeasurement, check: LatencyCheck, min_requests: int
+) -> _Tested | CheckResult:
     name = "latency_p99"
     stable_p99 = _milliseconds(stats.histogram_quantile(LATENCY_QUANTILE, stable.latency_buckets))
     canary_p99 = _milliseconds(stats.histogram_quantile(LATENCY_QUANTILE, canary.latency_buckets))
@@ -402,10 +556,13 @@ def _latency(
         message = f"{name}: no latency observations for canary version {canary.version}"
         return CheckResult(name, stable_p99, None, None, None, None, message)
     relative_on = check.max_ratio is not None or check.max_added_ms is not None
+    # A p99 of a few stable requests is one request's latency: not a baseline.
+    observations = sum(stats.bucket_counts(stable.latency_buckets))
+    baseline = stable_p99 if observations >= min_requests else None
     bounds, limits = [], []
-    if relative_on and stable_p99 is not None:
+    if relative_on and baseline is not None:
         ratio = 1.0 if check.max_ratio is None else check.max_ratio
-        relative = stable_p99 * ratio + (check.max_added_ms or 0.0)
+        relative = baseline * ratio + (check.max_added_ms or 0.0)
         canary_buckets, stable_buckets = stats.align_buckets(
             canary.latency_buckets, stable.latency_buckets
         )
@@ -414,7 +571,8 @@ def _latency(
         )
         # The rank test alone is overconfident when nearly every observation ties in one
         # bucket (a fast model): a single slow canary request would "prove" a slowdown.
-        # Requiring the tail itself to be significant too keeps one slow request a blip.
+        # Requiring the tail itself to be significant too (an intersection-union test:
+        # the larger p-value) keeps one slow request a blip.
         p_value = max(slower.p_value, _tail_p_value(canary.latency_buckets, relative))
         description = f"{ratio:g} × stable + {check.max_added_ms or 0:g} ms"
         bounds.append(_Bound(description, canary_p99 > relative, p_value))
@@ -424,23 +582,15 @@ def _latency(
         bounds.append(_Bound(f"max {check.max_ms:g} ms", canary_p99 > check.max_ms, p_value))
         limits.append(check.max_ms)
     limit = min(limits, default=None)
-    missing = relative_on and stable_p99 is None
-    return _decide(name, stable_p99, canary_p99, limit, bounds, alpha, "ms", missing)
+    missing = relative_on and baseline is None
+    return _Tested(name, stable_p99, canary_p99, limit, bounds, "ms", missing)
 
 
 def _tail_p_value(buckets: stats.Buckets, limit_ms: float) -> float:
     """p-value of "the p99 is above ``limit_ms``", i.e. of more than 1 % of requests being
-    slower than it (a one-sample proportion test on the interpolated tail)."""
+    slower than it (the exact binomial test on the interpolated tail)."""
     above, total = stats.fraction_above(limit_ms / 1000, buckets)
-    return stats.proportion_above_test(min(above, total), total, 1 - LATENCY_QUANTILE).p_value
-
-
-def _failover_rate(canary: SideMeasurement, check: FailoverRateCheck, alpha: float) -> CheckResult:
-    failovers = min(canary.failovers, canary.requests)
-    rate = failovers / canary.requests
-    test = stats.proportion_above_test(failovers, canary.requests, check.max)
-    bound = _Bound(f"max {check.max:.2%}", rate > check.max, test.p_value)
-    return _decide("failover_rate", None, rate, check.max, [bound], alpha, "%", False)
+    return stats.binomial_above_test(min(above, total), total, 1 - LATENCY_QUANTILE).p_value
 
 
 def _shadow_agreement(
@@ -451,14 +601,12 @@ def _shadow_agreement(
     name = "shadow_agreement"
     agreement, compared = measurement.shadow_agreement, measurement.shadow_requests
     if compared < min_requests:
-        message = f"{name}: {compared:g} of {min_requests} shadow comparisons, not judged"
+        message = f"{name}: {compared:.0f} of {min_requests} shadow comparisons, not judged"
         skipped = measurement.canary.requests > 0
         return CheckResult(name, None, agreement, check.min, None, None, message, skipped=skipped)
     passed = agreement is not None and agreement >= check.min
     relation = "at least" if passed else "below"
-    message = (
-        f"{name} {_show(agreement, '%')} {relation} min {check.min:.2%} on {compared:g} comparisons"
-    )
+    message = f"{name} {_show(agreement, '%')} {relation} min {check.min:.2%} on {compared:.0f} comparisons"
     return CheckResult(name, None, agreement, check.min, passed, None, message)
 
 

@@ -3,15 +3,21 @@
 Each interval the controller measures the canary against stable, asks the analysis for a
 verdict and decides:
 
-- fail: roll back at once (canary weight 0 and its label removed on every replica);
+- fail, ``failure_limit`` analyses in a row: roll back (canary weight 0 and its label
+  removed on every replica); a failure short of the limit holds like an inconclusive one;
 - no data or inconclusive: hold the current weight (and halt, as ``inconclusive``, after
-  ``max_held`` such results in a row when configured: someone should look);
-- pass: stay until the step has baked, then take the next step, or promote after the last.
+  ``max_held`` non-passing results in a row when configured: someone should look);
+- pass: stay until the step has baked, i.e. passed without a break for ``bake_seconds``
+  (any other outcome restarts the bake), then take the next step, or promote after the
+  last.
 
-At a 100 % step stable gets no traffic, so comparing the canary with it would set the
-canary's latency under all of the load against stable's under a fraction of it, measured
-in an earlier step: there only the absolute bounds (error rate ``max``, latency ``max_ms``)
-apply, the relative ones having been passed at every lower step.
+At a 100 % step stable gets no traffic, yet a user expects a canary that got slower or
+less accurate there to be caught as at any other step. So there stable's side of the last
+analysis below 100 % (kept in the state, so it survives a restart: normally the end of
+the previous step) is the baseline the relative bounds compare with. That baseline
+carried a share of the load rather than all of it, so the latency ratio is a little
+stricter there than at lower steps; the absolute bounds apply as everywhere. A rollout
+straight to 100 % has no baseline and is judged on what stable still shows in the window.
 
 Paused and inconclusive rollouts keep their weight and keep being analysed: a canary that
 fails while halted is still rolled back. Operator commands (pause, resume, promote, abort,
@@ -31,6 +37,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -45,7 +52,7 @@ from ops.events import (
     verdict_checks,
 )
 from ops.gateway_admin import GatewayAdminError, UnknownModelError
-from ops.measurement import Measurement, MetricsProvider, MetricsUnavailable
+from ops.measurement import Measurement, MetricsProvider, MetricsUnavailable, SideMeasurement
 from ops.state import (
     ANALYSED,
     HALTED,
@@ -122,19 +129,6 @@ class ControllerMetrics:
         self.rollbacks.labels(model).inc()
 
 
-def absolute_bounds_only(config: AnalysisConfig) -> AnalysisConfig:
-    """The analysis without its comparisons with stable (for a canary taking all traffic)."""
-    checks = config.checks
-    updates: dict[str, object] = {}
-    if checks.error_rate is not None:
-        updates["error_rate"] = checks.error_rate.model_copy(update={"max_increase_points": None})
-    if checks.latency_p99 is not None:
-        updates["latency_p99"] = checks.latency_p99.model_copy(
-            update={"max_ratio": None, "max_added_ms": None}
-        )
-    return config.model_copy(update={"checks": checks.model_copy(update=updates)})
-
-
 # ---------------------------------------------------------------------------------------
 # Starting a rollout
 
@@ -202,7 +196,6 @@ class Controller:
         self._on_event = on_event
         self._events = EventLog(store.events_path(state.model))
         self._analysis = AnalysisConfig.model_validate(state.spec.analysis)
-        self._absolute = absolute_bounds_only(self._analysis)
         self._applied: ModelRouting | None = None  # routing every replica confirmed
         if metrics is not None:
             metrics.set_phase(state.model, state.phase)
@@ -298,16 +291,21 @@ class Controller:
 
     def _analyse(self, provider: MetricsProvider, now: float) -> None:
         spec = self._state.spec
-        measurement: Measurement | None = None
+        measured: Measurement | None = None
+        judged: Measurement | None = None
         try:
-            measurement = provider.measure(
+            measured = provider.measure(
                 spec.model, spec.stable_version, spec.canary_version, self._analysis.window
             )
-            analysis = self._analysis if self._state.weight < 1 else self._absolute
-            verdict = judge(measurement, analysis)
+            judged = self._with_baseline(measured)
+            verdict = judge(judged, self._analysis)
         except MetricsUnavailable as exc:
             verdict = no_data(f"metrics unavailable: {exc}")
-        decision, message = self._decide(verdict, now)
+        counted = self._counted(verdict, measured, now)
+        decision, message = self._decide(verdict, counted, now)
+        numbers = None if judged is None else measurement_numbers(judged)
+        if numbers is not None and judged is not measured:
+            numbers["stable"]["baseline"] = True
         self._record(
             "analysis",
             now,
@@ -315,33 +313,70 @@ class Controller:
             decision=decision,
             outcome=verdict.outcome,
             checks=verdict_checks(verdict),
-            numbers=None if measurement is None else measurement_numbers(measurement),
+            numbers=numbers,
         )
+        self._save(counted)
         self._act(decision, verdict, now)
 
-    def _decide(self, verdict: Verdict, now: float) -> tuple[Decision, str]:
-        """What a verdict means in the current state (no side effects)."""
-        state, spec = self._state, self._state.spec
-        if verdict.outcome == "fail":
-            return "rollback", f"rolling back: {verdict.message}"
-        if state.phase in HALTED:
-            return "watch", f"{state.phase.value}: {verdict.outcome}: {verdict.message}"
+    def _with_baseline(self, measurement: Measurement) -> Measurement:
+        """The measurement to judge: at full weight, stable's side from the last analysis
+        below it stands in for the stable that no longer gets traffic."""
+        baseline = self._state.baseline
+        if baseline is None or self._state.weight < 1:
+            return measurement
+        return replace(measurement, stable=SideMeasurement.from_json(baseline))
+
+    def _counted(
+        self, verdict: Verdict, measurement: Measurement | None, now: float
+    ) -> RolloutState:
+        """The state with this analysis counted: streaks of passes (the bake clock), of
+        non-passes and of failures, and the stable baseline refreshed."""
+        state = self._state
+        passed = verdict.outcome == "pass"
+        baseline = state.baseline
+        if measurement is not None and state.weight < 1 and measurement.stable.requests > 0:
+            baseline = measurement.stable.to_json()
+        return state.evolve(
+            now,
+            held=0 if passed else state.held + 1,
+            failures=state.failures + 1 if verdict.outcome == "fail" else 0,
+            passing_since=(now if state.passing_since is None else state.passing_since)
+            if passed
+            else None,
+            baseline=baseline,
+        )
+
+    def _decide(self, verdict: Verdict, counted: RolloutState, now: float) -> tuple[Decision, str]:
+        """What a verdict means, given the state with this analysis counted (no side effects)."""
+        spec, limit = counted.spec, self._analysis.failure_limit
+        if verdict.outcome == "fail" and counted.failures >= limit:
+            times = f" ({counted.failures} failing analyses in a row)" if limit > 1 else ""
+            return "rollback", f"rolling back{times}: {verdict.message}"
+        if counted.phase in HALTED:
+            return "watch", f"{counted.phase.value}: {verdict.outcome}: {verdict.message}"
         if verdict.outcome != "pass":
-            held = state.held + 1
-            if spec.max_held is not None and held >= spec.max_held:
+            if spec.max_held is not None and counted.held >= spec.max_held:
                 return "halt", (
-                    f"no verdict {held} times in a row, halting for an operator: {verdict.message}"
+                    f"no pass {counted.held} times in a row, halting for an operator: "
+                    f"{verdict.message}"
                 )
-            return "hold", f"holding at {state.weight:.0%} ({verdict.outcome}): {verdict.message}"
-        baked = now - state.since
+            why = verdict.outcome
+            if verdict.outcome == "fail":
+                why = f"failing analysis {counted.failures} of {limit} in a row"
+            return "hold", f"holding at {counted.weight:.0%} ({why}): {verdict.message}"
+        assert counted.passing_since is not None  # a pass starts or continues the streak
+        baked = now - counted.passing_since
         if baked < spec.bake_seconds:
-            return "bake", f"pass; baking {baked:.0f}/{spec.bake_seconds:g}s: {verdict.message}"
-        if state.phase is Phase.PROGRESSING and state.last_step:
-            return "promote", f"pass after baking at {state.weight:.0%}: promoting"
-        next_step = 0 if state.phase is Phase.SHADOW else state.step + 1
-        return "advance", f"pass after baking: canary to {spec.steps[next_step]:g}%"
+            return "bake", (
+                f"pass; baking {baked:.0f}/{spec.bake_seconds:g}s of passing: {verdict.message}"
+            )
+        if counted.phase is Phase.PROGRESSING and counted.last_step:
+            return "promote", f"passed {baked:.0f}s at {counted.weight:.0%}: promoting"
+        next_step = 0 if counted.phase is Phase.SHADOW else counted.step + 1
+        return "advance", f"passed {baked:.0f}s: canary to {spec.steps[next_step]:g}%"
 
     def _act(self, decision: Decision, verdict: Verdict, now: float) -> None:
+        """Carry out a transition decision (holds, bakes and watches were saved as counted)."""
         state = self._state
         if decision == "rollback":
             self._move(Phase.ROLLING_BACK, now, f"canary failed analysis: {verdict.message}")
@@ -349,14 +384,9 @@ class Controller:
             self._move(
                 Phase.INCONCLUSIVE,
                 now,
-                f"no verdict {state.held + 1} times in a row "
-                f"(last: {verdict.outcome}: {verdict.message})",
+                f"no pass {state.held} times in a row (last: {verdict.outcome}: {verdict.message})",
             )
             logger.warning("rollout of %s halted: %s", state.model, self._state.reason)
-        elif decision == "hold":
-            self._save(state.evolve(now, held=state.held + 1))
-        elif decision == "bake":
-            self._save(state.evolve(now, held=0))
         elif decision == "promote":
             self._move(Phase.PROMOTING, now, "every step passed")
         elif decision == "advance":

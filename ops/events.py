@@ -117,6 +117,9 @@ def _side(side: SideMeasurement) -> dict[str, Any]:
         "error_rate": side.error_rate,
         "p99_ms": None if math.isnan(p99) else p99 * 1000,
         "failovers": side.failovers,
+        "labelled": side.labelled,
+        "correct": side.correct,
+        "accuracy": side.accuracy,
     }
 
 

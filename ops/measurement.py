@@ -8,8 +8,9 @@ the controller can switch providers without touching its decisions. Every number
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,9 @@ class SideMeasurement:
     with ``le == inf`` last, as a Prometheus histogram exposes them, so p99 is computed
     with ``histogram_quantile`` semantics. ``failovers`` counts requests retried away from
     this version: a canary that keeps failing over looks healthy in its own error rate.
+    ``labelled`` counts predictions whose true label came back through the feedback API
+    and ``correct`` those whose top-1 class matched it; both stay 0 for a model without
+    feedback.
     """
 
     version: int
@@ -27,11 +31,29 @@ class SideMeasurement:
     errors: float
     latency_buckets: tuple[tuple[float, float], ...]
     failovers: float
+    labelled: float = 0.0
+    correct: float = 0.0
 
     @property
     def error_rate(self) -> float | None:
         """Errors per request; None when there were no requests (no rate to speak of)."""
         return self.errors / self.requests if self.requests > 0 else None
+
+    @property
+    def accuracy(self) -> float | None:
+        """Correct per labelled prediction; None without labels."""
+        return min(self.correct, self.labelled) / self.labelled if self.labelled > 0 else None
+
+    def to_json(self) -> dict[str, Any]:
+        """The side as plain JSON values (kept in the rollout state as a baseline)."""
+        buckets = [[str(le), count] for le, count in self.latency_buckets]  # JSON has no inf
+        return {**dataclasses.asdict(self), "latency_buckets": buckets}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SideMeasurement:
+        """The side ``to_json`` wrote."""
+        buckets = tuple((float(le), float(count)) for le, count in data["latency_buckets"])
+        return cls(**{**data, "latency_buckets": buckets})
 
 
 @dataclass(frozen=True)

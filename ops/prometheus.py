@@ -193,6 +193,8 @@ class PrometheusProvider:
                 errors=value("errors", queries.errors, version, route) or 0.0,
                 latency_buckets=_buckets(self.client.query(buckets_query, at=taken_at)),
                 failovers=value("failovers", queries.failovers, version, route) or 0.0,
+                labelled=value("labelled", queries.labelled, version, route) or 0.0,
+                correct=value("correct", queries.correct, version, route) or 0.0,
             )
 
         return Measurement(

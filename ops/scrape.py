@@ -35,7 +35,8 @@ LATENCY_BUCKET = "slipway_gateway_request_seconds_bucket"
 FAILOVERS = "slipway_gateway_failovers_total"
 AGREEMENT_SUM = "slipway_gateway_shadow_agreement_sum"
 AGREEMENT_COUNT = "slipway_gateway_shadow_agreement_count"
-_KEPT = frozenset({REQUESTS, LATENCY_BUCKET, FAILOVERS, AGREEMENT_SUM, AGREEMENT_COUNT})
+FEEDBACK = "slipway_gateway_feedback_total"
+_KEPT = frozenset({REQUESTS, LATENCY_BUCKET, FAILOVERS, AGREEMENT_SUM, AGREEMENT_COUNT, FEEDBACK})
 
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 """Sample name and its sorted label pairs."""
@@ -132,6 +133,8 @@ class ScrapeProvider:
                 failovers=_total(
                     increases, FAILOVERS, {"model": model, "from_version": str(version)}
                 ),
+                labelled=_total(increases, FEEDBACK, selector),
+                correct=_total(increases, FEEDBACK, {**selector, "outcome": "correct"}),
             )
 
         shadow = {"model": model, "version": str(canary_version)}

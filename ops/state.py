@@ -158,9 +158,14 @@ class RolloutSpec(_Record):
 class RolloutState(_Record):
     """Where a rollout stands. Every change goes through ``moved`` or ``evolve``.
 
-    ``since`` is when the current phase (or step) began: the bake clock. ``held`` counts
-    consecutive measurements that gave no verdict (no data, or inconclusive), and
-    ``resume_to`` is the phase a halted rollout returns to.
+    ``since`` is when the current phase (or step) began. ``passing_since`` is when the
+    current unbroken run of passing analyses began (None after anything but a pass, and
+    at every new phase or step): the bake clock, so a step bakes only on continuous
+    passing time. ``held`` counts consecutive analyses that did not pass, ``failures``
+    consecutive failing ones (rolled back at the analysis' ``failure_limit``).
+    ``baseline`` is stable's side of the last measurement in which stable had enough
+    traffic (``SideMeasurement.to_json``), the comparison for a canary taking (nearly)
+    all traffic. ``resume_to`` is the phase a halted rollout returns to.
     """
 
     format: Literal[1] = 1
@@ -173,6 +178,9 @@ class RolloutState(_Record):
     updated_at: float
     finished_at: float | None = None
     held: int = 0
+    passing_since: float | None = None
+    failures: int = 0
+    baseline: dict[str, Any] | None = None
     resume_to: Phase | None = None
     reason: str | None = None
     base_routing: dict[str, Any] = {}
@@ -210,6 +218,7 @@ class RolloutState(_Record):
             "since": now,
             "updated_at": now,
             "held": 0,
+            "passing_since": None,
             "reason": reason,
             # A halted rollout remembers what to return to; no other phase needs to.
             "resume_to": self.phase if phase in HALTED else None,

@@ -1,12 +1,25 @@
 """The statistics behind a canary verdict, on the aggregated counts metrics give us.
 
 A gateway never exports individual requests, only counters and histogram buckets, so
-every test here works on counts: proportions for error and failover rates, bucketed
-latencies for the rank test, Prometheus' own interpolation for quantiles. Counts may be
-fractional (Prometheus' ``increase()`` extrapolates); the formulas accept that.
+every test here works on counts: proportions for error, failover and misclassification
+rates, bucketed latencies for the rank test, Prometheus' own interpolation for quantiles.
+
+Rates are tested exactly, because a canary at 1 % of traffic has few requests and a
+normal approximation there is wildly overconfident (1 error in 40 requests against 0 in
+760 is p = 6e-6 under a pooled z-test, p = 0.05 under Fisher's exact test):
+
+- against stable: ``rate_increase_test``, Fisher's exact test generalised to a margin;
+- against a fixed limit: ``binomial_above_test``, the exact one-sample binomial test.
+
+Counts may be fractional (Prometheus' ``increase()`` extrapolates to the window's edges).
+Both tests are written with the regularized incomplete beta function, whose parameters
+are real: at whole counts it gives exactly the classical tests, between them it
+interpolates smoothly and monotonically, so 2.6 errors are judged between 2 and 3 rather
+than rounded to either.
 
 Everything is one-sided ("is the canary worse?"), because a canary that is better than
-stable is never a reason to roll back.
+stable is never a reason to roll back. Multiple checks of one analysis are corrected
+together with ``holm``.
 """
 
 from __future__ import annotations
@@ -15,18 +28,39 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+from scipy import special
+
 Buckets = Sequence[tuple[float, float]]
 """``(le, cumulative count)`` pairs, as a Prometheus histogram exposes them."""
+
+MIN_RANK_SAMPLES = 20
+"""Observations each side needs before the rank test's normal approximation is trusted."""
+
+
+def _quantile_rule(count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gauss-Legendre nodes and weights for an integral over posterior quantiles u in [0, 1].
+
+    The quantile function is steep near 0 and 1, so the nodes are pulled towards the ends
+    with u = 3t² - 2t³; 96 of them match Fisher's test to ~1e-6 relative where a verdict
+    is decided, at a fraction of the cost of adaptive quadrature (the benchmark judges
+    hundreds of thousands of measurements).
+    """
+    nodes, weights = np.polynomial.legendre.leggauss(count)
+    t, weights = (nodes + 1) / 2, weights / 2
+    return t * t * (3 - 2 * t), weights * 6 * t * (1 - t)
+
+
+_NODES, _WEIGHTS = _quantile_rule(96)
 
 
 @dataclass(frozen=True)
 class TestResult:
-    """A one-sided test: ``statistic`` in the test's own units, ``z`` the standardised one."""
+    """A one-sided test: ``statistic`` in the test's own units and its p-value."""
 
     __test__ = False  # not a pytest test class, despite the name
 
     statistic: float
-    z: float
     p_value: float
 
 
@@ -35,49 +69,82 @@ def normal_sf(z: float) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
-def two_proportion_z_test(
-    stable_events: float, stable_total: float, canary_events: float, canary_total: float
+def rate_increase_test(
+    stable_events: float,
+    stable_total: float,
+    canary_events: float,
+    canary_total: float,
+    margin: float = 0.0,
 ) -> TestResult:
-    """Does the canary have a higher event rate than stable? (pooled two-proportion z-test)
+    """Is the canary's event rate more than ``margin`` above stable's? (exact, one-sided)
 
-    The pooled proportion is used for the standard error because the null hypothesis is
-    that both rates are equal. With no variance at all (no events anywhere, or only
-    events) there is no evidence either way: p = 1.
+    H0: canary rate <= stable rate + margin. The p-value is the probability of H0 under
+    the posteriors Beta(canary events, canary non-events + 1) and Beta(stable events + 1,
+    stable non-events): by Altham's theorem (1969) this is exactly the one-sided p-value
+    of Fisher's exact test when the margin is 0, and it extends that test to a
+    non-inferiority margin and to fractional counts. ``statistic`` is the observed
+    difference of rates minus the margin. With no traffic on a side there is no evidence:
+    p = 1.
     """
     _check_counts(stable_events, stable_total)
     _check_counts(canary_events, canary_total)
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin must be a proportion in [0, 1), got {margin}")
     if stable_total == 0 or canary_total == 0:
-        return TestResult(0.0, 0.0, 1.0)
-    stable_rate = stable_events / stable_total
-    canary_rate = canary_events / canary_total
-    pooled = (stable_events + canary_events) / (stable_total + canary_total)
-    variance = pooled * (1 - pooled) * (1 / stable_total + 1 / canary_total)
-    difference = canary_rate - stable_rate
-    if variance <= 0:
-        return TestResult(difference, 0.0, 1.0)
-    z = difference / math.sqrt(variance)
-    return TestResult(difference, z, normal_sf(z))
+        return TestResult(0.0, 1.0)
+    difference = canary_events / canary_total - stable_events / stable_total - margin
+    canary = (canary_events, canary_total - canary_events + 1)
+    stable = (stable_events + 1, stable_total - stable_events)
+    if canary[0] == 0 or stable[1] == 0:  # canary surely at 0 %, or stable surely at 100 %
+        return TestResult(difference, 1.0)
+    # Integrate over the quantiles of the narrower posterior, so the other one's CDF is
+    # evaluated where it is smooth: P(canary <= stable + margin).
+    if sum(stable) >= sum(canary):
+        above = np.clip(special.betaincinv(*stable, _NODES) + margin, 0, 1)
+        inner = special.betainc(*canary, above)
+    else:
+        below = np.clip(special.betaincinv(*canary, _NODES) - margin, 0, 1)
+        inner = special.betaincc(*stable, below)
+    return TestResult(difference, float(np.clip(np.dot(_WEIGHTS, inner), 0.0, 1.0)))
 
 
-def proportion_above_test(events: float, total: float, limit: float) -> TestResult:
-    """Is the true event rate above ``limit``? (one-sample z-test against a fixed rate)
+def binomial_above_test(events: float, total: float, limit: float) -> TestResult:
+    """Is the true event rate above ``limit``? (exact one-sample binomial test)
 
-    Used for absolute bounds ("at most 5 % errors"): one bad minute of a handful of
-    requests should not count as proof that the bound is broken. A limit of 0 tolerates
-    nothing, so any event is conclusive; a limit of 1 can never be exceeded.
+    H0: rate <= limit; the p-value is P(X >= events) for X ~ Binomial(total, limit),
+    written as the regularized incomplete beta I_limit(events, total - events + 1) so
+    fractional counts interpolate. Used for absolute bounds ("at most 5 % errors"): one
+    bad minute of a handful of requests is not proof that the bound is broken. A limit
+    of 0 tolerates nothing, so any event is conclusive; a limit of 1 can never be
+    exceeded. ``statistic`` is the observed rate minus the limit.
     """
     _check_counts(events, total)
     if not 0 <= limit <= 1:
         raise ValueError(f"limit must be a proportion in [0, 1], got {limit}")
     if total == 0:
-        return TestResult(0.0, 0.0, 1.0)
-    rate = events / total
-    difference = rate - limit
-    if limit in (0.0, 1.0):
-        exceeded = difference > 0
-        return TestResult(difference, math.inf if exceeded else 0.0, 0.0 if exceeded else 1.0)
-    z = difference / math.sqrt(limit * (1 - limit) / total)
-    return TestResult(difference, z, normal_sf(z))
+        return TestResult(0.0, 1.0)
+    difference = events / total - limit
+    if events == 0 or limit == 1:
+        return TestResult(difference, 1.0)
+    if limit == 0:
+        return TestResult(difference, 0.0)
+    return TestResult(difference, float(special.betainc(events, total - events + 1, limit)))
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values, in the order given: reject where adjusted < alpha.
+
+    Holm's step-down procedure keeps the chance of any false rejection among the checks of
+    one analysis at alpha whatever their dependence, and is uniformly more powerful than
+    Bonferroni. Adjusted p_(i) = max over j <= i of min(1, (m - j + 1) p_(j)).
+    """
+    order = sorted(range(len(p_values)), key=lambda index: p_values[index])
+    adjusted = [1.0] * len(p_values)
+    running = 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
 
 
 def mann_whitney_buckets(canary: Sequence[float], stable: Sequence[float]) -> TestResult:
@@ -97,7 +164,7 @@ def mann_whitney_buckets(canary: Sequence[float], stable: Sequence[float]) -> Te
             raise ValueError(f"bucket counts must be non-negative, got {count}")
     n_canary, n_stable = float(sum(canary)), float(sum(stable))
     if n_canary == 0 or n_stable == 0:
-        return TestResult(0.0, 0.0, 1.0)
+        return TestResult(0.0, 1.0)
     u = 0.0
     stable_below = 0.0
     tie_term = 0.0
@@ -106,13 +173,14 @@ def mann_whitney_buckets(canary: Sequence[float], stable: Sequence[float]) -> Te
         stable_below += stable_count
         tied = canary_count + stable_count
         tie_term += tied**3 - tied
+    if min(n_canary, n_stable) < MIN_RANK_SAMPLES:
+        return TestResult(u, 1.0)
     n = n_canary + n_stable
     mean = n_canary * n_stable / 2
     variance = n_canary * n_stable / 12 * ((n + 1) - tie_term / (n * (n - 1)))
     if variance <= 0:  # every observation in one bucket: nothing to rank
-        return TestResult(u, 0.0, 1.0)
-    z = (u - mean - 0.5) / math.sqrt(variance)
-    return TestResult(u, z, normal_sf(z))
+        return TestResult(u, 1.0)
+    return TestResult(u, normal_sf((u - mean - 0.5) / math.sqrt(variance)))
 
 
 def histogram_quantile(q: float, buckets: Buckets) -> float:
@@ -162,7 +230,7 @@ def fraction_above(threshold: float, buckets: Buckets) -> tuple[float, float]:
 
     The inverse of ``histogram_quantile``: the p99 is above ``threshold`` exactly when
     more than 1 % of the observations are, which turns an absolute latency bound into a
-    proportion that ``proportion_above_test`` can test. Observations in the ``+Inf``
+    proportion that ``binomial_above_test`` can test. Observations in the ``+Inf``
     bucket are all above any finite threshold beyond the highest bound.
     """
     cumulative = _normalise(buckets)

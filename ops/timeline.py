@@ -1,4 +1,5 @@
-"""A rollout's timeline as a picture: weights, error rates and p99 per interval, verdicts.
+"""A rollout's timeline as a picture: traffic share, error rates and p99 per interval, the
+bounds they were judged against, and the verdicts.
 
 Drawn from the event log alone, so any rollout on record (finished, rolled back, or still
 running) can be drawn after the fact, on a machine without a display (matplotlib's Agg).
@@ -6,10 +7,15 @@ running) can be drawn after the fact, on a machine without a display (matplotlib
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ops.events import Event
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 VERDICT_STYLES = {
     "pass": ("o", "tab:green"),
@@ -24,10 +30,25 @@ MILESTONES = {
     "succeeded": "tab:green",
     "rolling_back": "tab:red",
 }
+# Phases in which the new version is stable, i.e. takes all the traffic.
+PROMOTED = frozenset({"promoting", "succeeded"})
 
 
 def render_timeline(events: Sequence[Event], path: Path, *, title: str | None = None) -> Path:
     """Write the timeline PNG of one rollout's events to ``path`` and return it."""
+    import matplotlib.pyplot as plt
+
+    figure = draw_timeline(events, title=title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def draw_timeline(events: Sequence[Event], *, title: str | None = None) -> Figure:
+    """The timeline figure: the new version's share of traffic (100 % once promoted, 0 %
+    once rolled back), each side's error rate and p99 with the checks' limits, verdicts."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -41,27 +62,32 @@ def render_timeline(events: Sequence[Event], path: Path, *, title: str | None = 
         3, 1, sharex=True, figsize=(10, 7.5), constrained_layout=True
     )
     times = [event.at - start for event in events]
-    weights.step(times, [event.weight * 100 for event in events], where="post", color="tab:blue")
+    weights.step(times, [share(event) for event in events], where="post", color="tab:blue")
     for outcome, (marker, colour) in VERDICT_STYLES.items():
         chosen = [event for event in analyses if event.outcome == outcome]
         weights.scatter(
             [event.at - start for event in chosen],
-            [event.weight * 100 for event in chosen],
+            [share(event) for event in chosen],
             marker=marker,
             color=colour,
             label=outcome,
             zorder=3,
         )
-    weights.set_ylabel("canary weight (%)")
+    weights.set_ylabel("new version's traffic (%)")
     weights.set_ylim(-5, 105)
     weights.legend(loc="upper left", fontsize="small", ncols=4)
 
+    seconds = [event.at - start for event in analyses]
     for side, colour in (("stable", "tab:blue"), ("canary", "tab:red")):
-        seconds = [event.at - start for event in analyses]
         errors.plot(seconds, [_number(event, side, "error_rate", 100) for event in analyses],
-                     marker=".", color=colour, label=side)  # fmt: skip
+                    marker=".", color=colour, label=side)  # fmt: skip
         latency.plot(seconds, [_number(event, side, "p99_ms", 1) for event in analyses],
                      marker=".", color=colour, label=side)  # fmt: skip
+    for axes, check, scale in ((errors, "error_rate", 100), (latency, "latency_p99", 1)):
+        limits = [check_limit(event, check, scale) for event in analyses]
+        if any(not math.isnan(limit) for limit in limits):
+            axes.step(seconds, limits, where="mid", color="tab:gray", linestyle=":",
+                      label=f"{check} limit")  # fmt: skip
     errors.set_ylabel("error rate (%)")
     errors.set_ylim(bottom=0)
     errors.legend(loc="upper left", fontsize="small")
@@ -78,14 +104,24 @@ def render_timeline(events: Sequence[Event], path: Path, *, title: str | None = 
             weights.annotate(event.phase.replace("_", " "), (event.at - start, 100),
                              rotation=90, va="top", ha="right", fontsize="small", color=colour)  # fmt: skip
     figure.suptitle(title or f"rollout {events[0].rollout}")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return figure
+
+
+def share(event: Event) -> float:
+    """The new version's share of traffic in percent: its canary weight, all of it once
+    promoted (the recorded canary weight is then 0, the canary label being gone)."""
+    return 100.0 if event.phase in PROMOTED else event.weight * 100
+
+
+def check_limit(event: Event, check: str, scale: float) -> float:
+    """The limit a check of an analysis event was judged against (NaN: none, a gap)."""
+    for result in event.checks:
+        if result.get("name") == check and result.get("limit") is not None:
+            return float(result["limit"]) * scale
+    return math.nan
 
 
 def _number(event: Event, side: str, key: str, scale: float) -> float:
     """A side's number from an analysis event (NaN leaves a gap in the line)."""
     value = ((event.numbers or {}).get(side) or {}).get(key)
-    return float("nan") if value is None else value * scale
+    return math.nan if value is None else value * scale

@@ -33,6 +33,8 @@ TRAFFIC = [
     (CANARY, "explicit", "OK", 0.001, 50),  # pinned clients: counts for neither side
 ]
 CANARY_FAILOVERS = 4
+# (version, route, correct, incorrect): labels the feedback API received
+FEEDBACK = [(STABLE, "stable", 270, 30), (CANARY, "canary", 100, 25), (CANARY, "explicit", 0, 9)]
 SHADOW_AGREEMENTS = [1.0] * 10 + [0.5] * 10
 
 
@@ -59,6 +61,8 @@ def env() -> Iterator[Env]:
             gateway.declare(MODEL, version, route, (code,))
         metrics.failovers.labels(MODEL, str(CANARY), str(STABLE))
         metrics.shadow_agreement.labels(MODEL, str(CANARY))
+        for version, route, _, _ in FEEDBACK:  # created at 0 when the version loads
+            gateway.feedback_for(MODEL, version, route)
         with PrometheusProcess([gateway.target], scrape_interval="1s") as prometheus:
             series = len({(version, route, code) for version, route, code, _, _ in TRAFFIC})
             prometheus.wait_until(
@@ -70,6 +74,8 @@ def env() -> Iterator[Env]:
                 metrics.observe_failover(MODEL, CANARY, STABLE)
             for agreement in SHADOW_AGREEMENTS:
                 metrics.observe_shadow(MODEL, CANARY, "OK", agreement=agreement, abs_diff=0.0)
+            for version, route, correct, incorrect in FEEDBACK:
+                gateway.feedback_for(MODEL, version, route, correct=correct, incorrect=incorrect)
             total = sum(count for *_, count in TRAFFIC)
             # One scrape carries everything recorded before it: once the total is there, all is.
             prometheus.wait_until(
@@ -105,6 +111,10 @@ def test_measurement_equals_the_known_increases(env: Env) -> None:
     assert measurement.canary.requests == pytest.approx(146)
     assert measurement.canary.errors == pytest.approx(6)
     assert measurement.canary.failovers == pytest.approx(CANARY_FAILOVERS)
+    assert measurement.stable.labelled == pytest.approx(300)
+    assert measurement.stable.correct == pytest.approx(270)
+    assert measurement.canary.labelled == pytest.approx(125)
+    assert measurement.canary.correct == pytest.approx(100)
     for side, route in ((measurement.stable, "stable"), (measurement.canary, "canary")):
         expected = expected_buckets(side.version, route)
         assert [bound for bound, _ in side.latency_buckets] == [bound for bound, _ in expected]

@@ -109,6 +109,23 @@ def test_failovers_shadow_comparisons_and_other_routes(
     provider.close()
 
 
+def test_label_feedback_is_counted_per_side(gateways: tuple[FakeGateway, FakeGateway]) -> None:
+    a, b = gateways
+    clock = FakeClock()
+    provider = ScrapeProvider([a.url, b.url], interval=None, clock=clock)
+    a.feedback_for(MODEL, STABLE, "stable", correct=5, incorrect=1)  # before the window
+    provider.scrape()
+    a.feedback_for(MODEL, STABLE, "stable", correct=90, incorrect=10)
+    b.feedback_for(MODEL, CANARY, "canary", correct=30, incorrect=10)
+    a.feedback_for(MODEL, CANARY, "explicit", correct=0, incorrect=50)  # neither side
+    clock.now += 30
+    measurement = provider.measure(MODEL, STABLE, CANARY, 30.0)
+    assert (measurement.stable.labelled, measurement.stable.correct) == (100, 90)
+    assert (measurement.canary.labelled, measurement.canary.correct) == (40, 30)
+    assert measurement.canary.accuracy == pytest.approx(0.75)
+    provider.close()
+
+
 def test_custom_checks_are_skipped_with_the_scraper(
     gateways: tuple[FakeGateway, FakeGateway],
 ) -> None:

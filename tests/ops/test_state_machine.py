@@ -29,7 +29,7 @@ from ops.state import (
     new_rollout,
     routing_for,
 )
-from ops.timeline import render_timeline
+from ops.timeline import draw_timeline, render_timeline
 from serving.routing import ModelRouting
 
 MODEL = "digits"
@@ -101,6 +101,7 @@ def measurement(
 
 
 GOOD = measurement()
+GOOD_P99_MS = 9.5  # 90 % within 5 ms, the rest within 10 ms: 5 + 5 × (0.99 - 0.9) / 0.1
 BAD = measurement(200, 40)
 FEW = measurement(10)  # under min_requests: inconclusive
 NONE = measurement(0)  # no canary traffic: no_data
@@ -135,7 +136,8 @@ def make_spec(**changes: object) -> RolloutSpec:
         "steps": [10, 50, 100],
         "bake_seconds": 3,
         "interval_seconds": 1,
-        "analysis": AnalysisConfig().model_dump(mode="json"),
+        # One failing analysis rolls back here; the failure limit has its own tests.
+        "analysis": AnalysisConfig(failure_limit=1).model_dump(mode="json"),
         "targets": Targets(gateways=["http://replica-1:8501"]),
     }
     values.update(changes)
@@ -262,11 +264,12 @@ def test_a_good_canary_is_promoted_through_every_step(
     assert admin.weights == [0.1, 0.5, 1.0, 0.0]
     final = admin.calls[-1]
     assert final.labels == {"stable": CANARY, PREVIOUS: STABLE, "gold": 0}
-    # Each step bakes 3 s: two passing analyses while it does, the third one moves on.
+    # Each step bakes 3 s of passing, counted from its first pass: three passing
+    # analyses bake, the fourth (3 s after the first) moves on.
     assert [event.decision for event in analyses(store)] == [
-        *("bake", "bake", "advance"),
-        *("bake", "bake", "advance"),
-        *("bake", "bake", "promote"),
+        *("bake", "bake", "bake", "advance"),
+        *("bake", "bake", "bake", "advance"),
+        *("bake", "bake", "bake", "promote"),
     ]
     assert metrics.state.labels(MODEL, "promoted")._value.get() == 1
     assert metrics.rollbacks.labels(MODEL)._value.get() == 0
@@ -313,15 +316,19 @@ def test_no_verdict_holds_the_weight_and_then_continues(
     assert controller.state.phase is Phase.SUCCEEDED
 
 
-def slow_canary(p99_seconds: float) -> Measurement:
+def slow_canary(p99_seconds: float, stable_requests: float = 400) -> Measurement:
     """Stable answers in under 5 ms; the canary takes ``p99_seconds`` for most requests."""
     canary = SideMeasurement(
         version=CANARY, requests=400, errors=0,
         latency_buckets=((0.005, 0.0), (p99_seconds, 400), (float("inf"), 400)), failovers=0,
     )  # fmt: skip
     stable = SideMeasurement(
-        version=STABLE, requests=400, errors=0,
-        latency_buckets=((0.005, 400), (p99_seconds, 400), (float("inf"), 400)), failovers=0,
+        version=STABLE, requests=stable_requests, errors=0,
+        latency_buckets=(
+            (0.005, stable_requests), (p99_seconds, stable_requests),
+            (float("inf"), stable_requests),
+        ),
+        failovers=0,
     )  # fmt: skip
     return Measurement(MODEL, 30, stable, canary, None, 0.0, {}, 0.0)
 
@@ -335,17 +342,85 @@ def test_below_full_traffic_a_canary_slower_than_stable_is_rolled_back(
     assert "latency_p99" in (controller.state.reason or "")
 
 
+def test_at_full_traffic_the_previous_steps_stable_is_the_baseline(
+    store: StateStore, admin: RecordingAdmin, clock: Clock
+) -> None:
+    controller = controller_for(store, admin, clock, steps=[50, 100])
+    run_ticks(controller, ScriptedProvider(GOOD, GOOD, GOOD), clock, 4)  # start, 3 passes
+    assert controller.state.baseline is not None
+    run_ticks(controller, ScriptedProvider(GOOD), clock, 1)
+    assert controller.state.weight == 1.0
+    # The baseline is in the state file: a restarted controller compares with it too.
+    restarted = Controller(store.load(MODEL), store, admin, clock=clock)
+    run_ticks(restarted, ScriptedProvider(then=slow_canary(0.05, stable_requests=0)), clock, 1)
+    assert restarted.state.phase is Phase.ROLLED_BACK
+    assert "latency_p99" in (restarted.state.reason or "")
+    last = analyses(store)[-1]
+    assert last.numbers["stable"]["baseline"] is True
+    assert last.numbers["stable"]["requests"] == 2000  # GOOD's stable side, not the empty one
+
+
 @pytest.mark.parametrize(("max_ms", "outcome"), [(None, Phase.SUCCEEDED), (20, Phase.ROLLED_BACK)])
-def test_at_full_traffic_only_absolute_bounds_apply(
+def test_without_any_stable_baseline_only_absolute_bounds_apply(
     store: StateStore, admin: RecordingAdmin, clock: Clock, max_ms: float | None, outcome: Phase
 ) -> None:
-    analysis = {"checks": {"latency_p99": {"max_ms": max_ms}}}
+    analysis = {"failure_limit": 1, "checks": {"latency_p99": {"max_ms": max_ms}}}
     controller = controller_for(
         store, admin, clock, steps=[100],
         analysis=AnalysisConfig.model_validate(analysis).model_dump(mode="json"),
     )  # fmt: skip
-    run_ticks(controller, ScriptedProvider(then=slow_canary(0.05)), clock, 10)
+    run_ticks(controller, ScriptedProvider(then=slow_canary(0.05, stable_requests=0)), clock, 10)
     assert controller.state.phase is outcome
+
+
+def test_a_step_bakes_only_on_continuous_passing_time(
+    store: StateStore, admin: RecordingAdmin, clock: Clock
+) -> None:
+    controller = controller_for(store, admin, clock)
+    # Seven inconclusive analyses, then one pass: the step began 8 s ago, but it has
+    # passed for 0 s of its 3 s bake.
+    run_ticks(controller, ScriptedProvider(*[FEW] * 7, GOOD), clock, 9)
+    assert controller.state.step == 0
+    assert controller.state.passing_since == clock.now - 1
+    # Pass, pass, one hold, pass, pass: the hold restarts the bake, no advance yet.
+    run_ticks(controller, ScriptedProvider(GOOD, FEW, GOOD, GOOD), clock, 4)
+    assert controller.state.step == 0
+    assert [e.decision for e in analyses(store)][-5:] == ["bake", "bake", "hold", "bake", "bake"]
+    run_ticks(controller, ScriptedProvider(GOOD, GOOD), clock, 2)
+    assert controller.state.step == 1
+
+
+def test_the_passing_streak_survives_a_controller_restart(
+    store: StateStore, admin: RecordingAdmin, clock: Clock
+) -> None:
+    controller = controller_for(store, admin, clock)
+    run_ticks(controller, ScriptedProvider(GOOD, GOOD), clock, 3)  # start, two passes
+    started = controller.state.passing_since
+    restarted = Controller(store.load(MODEL), store, admin, clock=clock)
+    assert restarted.state.passing_since == started
+    run_ticks(restarted, ScriptedProvider(GOOD, GOOD), clock, 2)
+    assert restarted.state.step == 1  # 3 s of passing across the restart
+
+
+def limited(failure_limit: int) -> dict[str, object]:
+    return AnalysisConfig(failure_limit=failure_limit).model_dump(mode="json")
+
+
+def test_failing_analyses_roll_back_only_at_the_failure_limit_in_a_row(
+    store: StateStore, admin: RecordingAdmin, clock: Clock
+) -> None:
+    controller = controller_for(store, admin, clock, analysis=limited(2))
+    run_ticks(controller, ScriptedProvider(BAD, GOOD, BAD, FEW, BAD), clock, 6)
+    assert controller.state.phase is Phase.PROGRESSING  # never two failures in a row
+    decisions = [(e.outcome, e.decision) for e in analyses(store)]
+    assert decisions[0] == ("fail", "hold")
+    assert "failing analysis 1 of 2 in a row" in analyses(store)[0].message
+    assert controller.state.failures == 1
+    # The count is in the state file: the second failure after a restart rolls back.
+    restarted = Controller(store.load(MODEL), store, admin, clock=clock)
+    run_ticks(restarted, ScriptedProvider(BAD), clock, 1)
+    assert restarted.state.phase is Phase.ROLLED_BACK
+    assert "2 failing analyses in a row" in analyses(store)[-1].message
 
 
 def test_a_blip_of_bad_luck_under_min_requests_never_rolls_back(
@@ -374,10 +449,10 @@ def test_n_verdictless_analyses_in_a_row_halt_until_resumed(
     assert metrics.state.labels(MODEL, "paused")._value.get() == 1
     run_ticks(controller, provider, clock, 10)  # passing analyses do not un-halt
     assert controller.state.phase is Phase.INCONCLUSIVE
-    assert admin.weights == [0.1, 0.5]  # the pass at 3 s had baked the first step
+    assert admin.weights == [0.1]  # one pass between non-passes never baked the step
     assert controller.command("resume").accepted
-    assert controller.state.phase is Phase.PROGRESSING and controller.state.step == 1
-    assert admin.weights == [0.1, 0.5]
+    assert controller.state.phase is Phase.PROGRESSING and controller.state.step == 0
+    assert admin.weights == [0.1]
     run_ticks(controller, provider, clock, 30)
     assert controller.state.phase is Phase.SUCCEEDED
 
@@ -665,6 +740,29 @@ def test_timeline_is_drawn_from_the_event_log(finished_rollout: StateStore, tmp_
     path = render_timeline(events, tmp_path / "out" / "timeline.png", title="digits 1 -> 2")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000
+
+
+def test_a_promoted_rollout_ends_at_full_traffic_and_a_rolled_back_one_at_zero(
+    store: StateStore, admin: RecordingAdmin, clock: Clock, tmp_path: Path
+) -> None:
+    controller = controller_for(store, admin, clock, steps=[50, 100])
+    run_ticks(controller, ScriptedProvider(), clock, 30)
+    assert controller.state.phase is Phase.SUCCEEDED
+    figure = draw_timeline(EventLog(store.events_path(MODEL)).read())
+    weights, errors, latency = figure.axes
+    assert list(weights.lines[0].get_ydata())[-2:] == [100.0, 100.0]  # promoting, succeeded
+    # the checks' limits are drawn: stable's 0 % errors + 0.5 points, 1.2 × p99 + 5 ms
+    (error_limit,) = [line for line in errors.lines if line.get_label() == "error_rate limit"]
+    assert list(error_limit.get_ydata()) == pytest.approx([0.5] * len(error_limit.get_ydata()))
+    (latency_limit,) = [line for line in latency.lines if line.get_label() == "latency_p99 limit"]
+    limits = list(latency_limit.get_ydata())
+    assert limits == pytest.approx([GOOD_P99_MS * 1.2 + 5] * len(limits))
+
+    rolled_back = controller_for(StateStore(tmp_path / "other"), admin, clock)
+    run_ticks(rolled_back, ScriptedProvider(GOOD, BAD), clock, 5)
+    assert rolled_back.state.phase is Phase.ROLLED_BACK
+    events = EventLog(StateStore(tmp_path / "other").events_path(MODEL)).read()
+    assert list(draw_timeline(events).axes[0].lines[0].get_ydata())[-1] == 0.0
 
 
 def test_controller_metrics_export_one_state_at_a_time() -> None:

@@ -25,78 +25,129 @@ def cumulative(
     return list(zip(bounds, np.cumsum(counts).tolist(), strict=True))
 
 
-# --- two-proportion z-test ------------------------------------------------------------
+# --- exact rate tests -------------------------------------------------------------------
 
 
-def test_two_proportion_z_matches_the_formula_worked_by_hand() -> None:
-    # stable 10/1000, canary 30/1000: pooled 0.02, se = sqrt(0.02*0.98*(2/1000)) = 0.0062610
-    result = stats.two_proportion_z_test(10, 1000, 30, 1000)
-    se = math.sqrt(0.02 * 0.98 * (1 / 1000 + 1 / 1000))
-    assert result.statistic == pytest.approx(0.02)
-    assert result.z == pytest.approx(0.02 / se)
-    assert result.z == pytest.approx(3.1944, abs=1e-4)
-    assert result.p_value == pytest.approx(scipy_stats.norm.sf(0.02 / se), rel=1e-12)
-    assert result.p_value < 0.001
+def random_tables(count: int, seed: int) -> list[tuple[int, int, int, int]]:
+    """(stable events, stable total, canary events, canary total) over the traffic a
+    canary sees: a handful of requests at a 1 % step up to many thousands."""
+    rng = np.random.default_rng(seed)
+    tables = []
+    for _ in range(count):
+        canary_total = int(rng.choice([3, 10, 40, 100, 500, 3000, 20_000]))
+        stable_total = int(rng.choice([5, 50, 760, 5000, 100_000]))
+        canary = int(rng.binomial(canary_total, rng.uniform(0, 0.25)))
+        stable = int(rng.binomial(stable_total, rng.uniform(0, 0.25)))
+        tables.append((stable, stable_total, canary, canary_total))
+    return tables
+
+
+def close(value: float, expected: float) -> bool:
+    """Equal to 1e-6 absolute or 1e-3 relative: far finer than any alpha a check uses."""
+    return abs(value - expected) <= max(1e-6, 1e-3 * expected)
+
+
+def test_rate_increase_without_margin_is_fishers_exact_test_on_many_tables() -> None:
+    for stable, stable_total, canary, canary_total in random_tables(300, seed=1):
+        expected = scipy_stats.fisher_exact(
+            [[canary, canary_total - canary], [stable, stable_total - stable]],
+            alternative="greater",
+        ).pvalue
+        result = stats.rate_increase_test(stable, stable_total, canary, canary_total)
+        assert close(result.p_value, expected), (stable, stable_total, canary, canary_total)
+
+
+def test_one_error_among_few_canary_requests_is_weak_evidence() -> None:
+    # The case a pooled z-test got wrong by four orders of magnitude (p = 6e-6).
+    assert stats.rate_increase_test(0, 760, 1, 40).p_value == pytest.approx(0.05, abs=1e-6)
+    assert stats.rate_increase_test(0, 760, 1, 100).p_value > 0.1
 
 
 @pytest.mark.parametrize(
-    ("stable", "canary"),
-    [
-        ((5, 400), (9, 350)),
-        ((0, 100), (3, 80)),
-        ((12.5, 1000.0), (10.0, 250.0)),
-        ((40, 60), (2, 5)),
-    ],
+    ("stable", "canary", "margin"),
+    [((10, 1000), (30, 1000), 0.005), ((0, 760), (3, 60), 0.01), ((50, 5000), (9, 300), 0.02)],
 )
-def test_two_proportion_z_matches_scipy_normal_tail(
-    stable: tuple[float, float], canary: tuple[float, float]
+def test_rate_increase_with_a_margin_is_the_posterior_probability_of_h0(
+    stable: tuple[int, int], canary: tuple[int, int], margin: float
 ) -> None:
-    (x1, n1), (x2, n2) = stable, canary
-    pooled = (x1 + x2) / (n1 + n2)
-    z = (x2 / n2 - x1 / n1) / math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
-    result = stats.two_proportion_z_test(x1, n1, x2, n2)
-    assert result.z == pytest.approx(z)
-    assert result.p_value == pytest.approx(scipy_stats.norm.sf(z), rel=1e-9)
+    """P(canary rate <= stable rate + margin) under the Fisher-equivalent posteriors,
+    estimated independently by sampling them."""
+    (xs, ns), (xc, nc) = stable, canary
+    rng = np.random.default_rng(7)
+    draws = 400_000
+    canary_rate = scipy_stats.beta.rvs(xc, nc - xc + 1, size=draws, random_state=rng)
+    stable_rate = scipy_stats.beta.rvs(xs + 1, ns - xs, size=draws, random_state=rng)
+    expected = float(np.mean(canary_rate <= stable_rate + margin))
+    result = stats.rate_increase_test(xs, ns, xc, nc, margin)
+    assert result.p_value == pytest.approx(expected, abs=0.003)
+    assert result.statistic == pytest.approx(xc / nc - xs / ns - margin)
+
+
+def test_a_margin_only_ever_weakens_the_evidence() -> None:
+    p_values = [stats.rate_increase_test(10, 1000, 30, 1000, m).p_value for m in (0, 0.005, 0.02)]
+    assert p_values == sorted(p_values) and p_values[0] < 0.002 < 0.4 < p_values[-1]
+
+
+def test_fractional_counts_interpolate_between_whole_ones() -> None:
+    low = stats.rate_increase_test(5, 1000, 2, 100).p_value
+    high = stats.rate_increase_test(5, 1000, 3, 100).p_value
+    between = stats.rate_increase_test(5.0, 1000.0, 2.6, 100.0).p_value
+    assert high < between < low
+    assert (
+        stats.binomial_above_test(3, 100, 0.01).p_value
+        < stats.binomial_above_test(2.6, 100, 0.01).p_value
+        < stats.binomial_above_test(2, 100, 0.01).p_value
+    )
 
 
 def test_a_better_canary_is_never_significant() -> None:
-    assert stats.two_proportion_z_test(50, 1000, 5, 1000).p_value > 0.99
+    assert stats.rate_increase_test(50, 1000, 5, 1000).p_value > 0.99
 
 
 @pytest.mark.parametrize(
     ("stable", "canary"), [((0, 100), (0, 100)), ((100, 100), (50, 50)), ((0, 0), (1, 10))]
 )
-def test_two_proportion_without_variance_or_data_gives_no_evidence(
+def test_rate_increase_without_evidence_gives_p_one(
     stable: tuple[float, float], canary: tuple[float, float]
 ) -> None:
-    assert stats.two_proportion_z_test(*stable, *canary).p_value == 1.0
+    assert stats.rate_increase_test(*stable, *canary).p_value == 1.0
 
 
-def test_two_proportion_rejects_impossible_counts() -> None:
+def test_rate_tests_reject_impossible_counts_and_margins() -> None:
     with pytest.raises(ValueError, match="events <= total"):
-        stats.two_proportion_z_test(11, 10, 0, 10)
-
-
-# --- one-sample proportion test -------------------------------------------------------
-
-
-def test_proportion_above_matches_the_binomial_normal_approximation() -> None:
-    # 80 errors in 1000 requests against a 5 % bound: z = 0.03 / sqrt(0.05*0.95/1000)
-    result = stats.proportion_above_test(80, 1000, 0.05)
-    z = 0.03 / math.sqrt(0.05 * 0.95 / 1000)
-    assert result.z == pytest.approx(z)
-    assert result.p_value == pytest.approx(scipy_stats.norm.sf(z), rel=1e-9)
-    # and it agrees with the exact binomial tail on the decision
-    assert scipy_stats.binom.sf(79, 1000, 0.05) < 0.05 and result.p_value < 0.05
-
-
-def test_proportion_above_edge_limits() -> None:
-    assert stats.proportion_above_test(1, 100, 0.0).p_value == 0.0
-    assert stats.proportion_above_test(0, 100, 0.0).p_value == 1.0
-    assert stats.proportion_above_test(100, 100, 1.0).p_value == 1.0
-    assert stats.proportion_above_test(0, 0, 0.05).p_value == 1.0
+        stats.rate_increase_test(11, 10, 0, 10)
+    with pytest.raises(ValueError, match="margin"):
+        stats.rate_increase_test(1, 10, 0, 10, margin=-0.1)
     with pytest.raises(ValueError, match="proportion"):
-        stats.proportion_above_test(1, 10, 1.5)
+        stats.binomial_above_test(1, 10, 1.5)
+
+
+def test_binomial_above_is_scipys_exact_binomial_test_on_many_cases() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        total = int(rng.choice([1, 10, 50, 400, 5000]))
+        limit = float(rng.choice([0.001, 0.01, 0.05, 0.3]))
+        events = int(rng.binomial(total, min(1.0, limit * rng.uniform(0.2, 3))))
+        expected = scipy_stats.binomtest(events, total, limit, alternative="greater").pvalue
+        result = stats.binomial_above_test(events, total, limit)
+        assert close(result.p_value, expected), (events, total, limit)
+
+
+def test_binomial_above_edge_limits() -> None:
+    assert stats.binomial_above_test(1, 100, 0.0).p_value == 0.0
+    assert stats.binomial_above_test(0, 100, 0.0).p_value == 1.0
+    assert stats.binomial_above_test(100, 100, 1.0).p_value == 1.0
+    assert stats.binomial_above_test(0, 0, 0.05).p_value == 1.0
+
+
+# --- multiple comparisons ---------------------------------------------------------------
+
+
+def test_holm_adjusts_in_step_down_order() -> None:
+    # sorted p: 0.01 (x3) -> 0.03, 0.02 (x2) -> 0.04, 0.04 (x1) -> 0.04 (monotone)
+    assert stats.holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    assert stats.holm([]) == []
 
 
 # --- Mann-Whitney on buckets ----------------------------------------------------------
@@ -108,7 +159,7 @@ def test_proportion_above_edge_limits() -> None:
         ([10, 30, 40, 15, 5, 0], [20, 40, 30, 8, 2, 0]),  # canary a little slower
         ([0, 5, 10, 40, 40, 5], [50, 40, 8, 2, 0, 0]),  # canary much slower
         ([50, 40, 8, 2, 0, 0], [0, 5, 10, 40, 40, 5]),  # canary faster
-        ([3, 0, 0, 0, 0, 1], [4, 1, 0, 0, 0, 0]),  # few observations, heavy ties
+        ([30, 0, 0, 0, 0, 10], [40, 10, 0, 0, 0, 0]),  # heavy ties
         ([7, 7, 7, 7, 7, 7], [7, 7, 7, 7, 7, 7]),  # identical
     ],
 )
@@ -136,7 +187,9 @@ def test_mann_whitney_u_by_hand() -> None:
 
 def test_mann_whitney_degenerate_inputs_give_no_evidence() -> None:
     assert stats.mann_whitney_buckets([0, 10, 0], [0, 30, 0]).p_value == 1.0  # all tied
-    assert stats.mann_whitney_buckets([0, 0, 0], [1, 2, 3]).p_value == 1.0  # no canary data
+    assert stats.mann_whitney_buckets([0, 0, 0], [10, 20, 30]).p_value == 1.0  # no canary data
+    # a handful of very slow canary requests: too few to rank, not a slowdown
+    assert stats.mann_whitney_buckets([0, 0, 19], [60, 0, 0]).p_value == 1.0
     with pytest.raises(ValueError, match="length"):
         stats.mann_whitney_buckets([1, 2], [1, 2, 3])
     with pytest.raises(ValueError, match="non-negative"):
