@@ -22,7 +22,8 @@ Throughput is steady state only: everything first trains ``warmup_steps`` (traci
 shuffle buffer, the first epoch into the cache). Comparisons 1 and 2 build their set-ups
 (the trainer, the trainer in float32, ``fit``'s own train function) in one process and
 time them in alternating blocks of executions, so a change in the machine's load falls
-on all of them alike. Comparisons 3 and 5 need whole runs (checkpoints are the
+on all of them alike; their ratio is the median of the ratios of blocks run next to
+each other. Comparisons 3 and 5 need whole runs (checkpoints are the
 controller's); those are timed from the marks the trainer logs after every execution,
 each run's figure is its best span of 100 steps (holding exactly one save when
 checkpointing every 100 steps), and each keeps its best of several rounds, run in
@@ -41,6 +42,7 @@ import io
 import json
 import os
 import signal
+import statistics
 import sys
 import tempfile
 import threading
@@ -61,6 +63,9 @@ CHECKPOINT_GOAL = 0.95
 PIPELINE_GOAL = 3.0
 CHECKPOINT_EVERY = 100
 WINDOW_STEPS = CHECKPOINT_EVERY  # throughput is the best span of this many steps
+# Side by side: blocks this long (whole executions), at least this many per side.
+BLOCK_SECONDS = 0.5
+MIN_BLOCKS = 20
 # Under the supervisor: checkpoint often and kill after the first one, so the restarted
 # group really restores a checkpoint before its first step.
 RESTART_CHECKPOINT_EVERY = 20
@@ -351,16 +356,22 @@ def run_side_by_side(
 
     Run one after the other, two identical configurations differ by as much as a goal
     (the machine's load moves between runs); alternating blocks of about
-    ``WINDOW_STEPS // 4`` steps exposes every side to the same moments. Other work only
-    ever slows a block down, so a side's figure is its best block; the per-block rates
-    show the spread.
+    ``BLOCK_SECONDS`` exposes every side to the same moments. Blocks of the same index
+    ran next to each other, so their ratio is one paired measurement; the comparisons
+    take the median of those ratios, which a burst of other work in one block cannot
+    move. Each side's best block is reported too.
     """
-    block = max(1, WINDOW_STEPS // 4 // updates)
+    warmup = max(1, sizes.warmup_steps // updates)
+    seconds_per_execution = 0.0
     for run, _ in sides.values():  # tracing, the shuffle buffer, the cache
-        for _ in range(max(1, sizes.warmup_steps // updates)):
+        for _ in range(warmup):
+            started = time.perf_counter()
             run()
+        seconds_per_execution = max(seconds_per_execution, time.perf_counter() - started)
+    block = max(1, round(BLOCK_SECONDS / seconds_per_execution))
+    blocks = max(MIN_BLOCKS, measured_steps * sizes.rounds // (block * updates))
     timings: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
-    for index in range(max(1, measured_steps * sizes.rounds // (block * updates))):
+    for index in range(blocks):
         order = list(sides) if index % 2 == 0 else list(sides)[::-1]
         for name in order:
             run = sides[name][0]
@@ -370,13 +381,13 @@ def run_side_by_side(
             timings[name].append((time.perf_counter() - wall, time.process_time() - cpu))
     examples = block * updates * batch_size
     results: dict[str, dict[str, Any]] = {}
-    for name, blocks in timings.items():
+    for name, blocks_timed in timings.items():
         rates = {
-            "examples_per_second": [round(examples / wall, 1) for wall, _ in blocks],
-            "examples_per_cpu_second": [round(examples / cpu, 1) for _, cpu in blocks],
+            "examples_per_second": [round(examples / wall, 1) for wall, _ in blocks_timed],
+            "examples_per_cpu_second": [round(examples / cpu, 1) for _, cpu in blocks_timed],
         }
         best = {rate: max(values) for rate, values in rates.items()}
-        results[name] = {**rates, "precision": sides[name][1], "best": best}
+        results[name] = {**rates, "precision": sides[name][1], "best": best, "paired": True}
     return results
 
 
@@ -521,13 +532,19 @@ def bench_workload(
     for comparison in COMPARISONS:
         measured, baseline = variants[comparison.measured], variants[comparison.baseline]
         outcome: dict[str, Any] = {"goal": comparison.goal}
+        paired = measured.get("paired", False) and baseline.get("paired", False)
         for key, rate in zip(("ratio", "cpu_ratio"), RATES, strict=True):
-            outcome[key] = _ratio(measured["best"][rate], baseline["best"][rate])
-            # Each round's own ratio (runs next to each other): the spread shows the noise.
-            outcome[f"{key}_by_round"] = [
+            # Each round's (or pair of blocks') own ratio: the spread shows the noise.
+            by_round = [
                 _ratio(top, bottom)
                 for top, bottom in zip(measured[rate], baseline[rate], strict=True)
             ]
+            outcome[f"{key}_by_round"] = by_round
+            outcome[key] = (
+                round(statistics.median(by_round), 3)
+                if paired
+                else _ratio(measured["best"][rate], baseline["best"][rate])
+            )
         outcome["verdict"] = verdict(outcome)
         comparisons[comparison.key] = outcome
     config = experiment(workload, dataset, workdir, steps=1)  # for its settings
@@ -791,7 +808,8 @@ def print_table(results: Mapping[str, Any]) -> None:
         f"{machine['load_average_end'][0]:.1f} at the end. 'ratio' compares the best examples "
         "per second, 'per CPU s' the best examples per CPU second of this process (steadier "
         "when other work shares the machine), in brackets the range of each round's own "
-        "ratio (for 1 and 2, timed side by side, of each pair of blocks); a goal is met or "
+        "ratio (for 1 and 2, timed side by side, the ratio is the median of those of blocks run "
+        "next to each other, in brackets their range); a goal is met or "
         "missed when both ratios agree, unclear when they do not.",
         soft_wrap=True,
     )
