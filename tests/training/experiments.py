@@ -97,3 +97,24 @@ def run(trainer: Trainer, **train: Any) -> TrainOutcome:
         outcome = controller.train(**train)
         outcome.metrics = controller.evaluate_held_out()
     return outcome
+
+
+class SignalDuringUpdate:
+    """SIGTERM as the controller sees it (a stand-in for its ``PreemptionFlag``),
+    arriving during the update to ``step``: the controller passes the flag with the
+    execution that starts one step earlier."""
+
+    signal_name = "SIGTERM"
+
+    def __init__(self, trainer: Trainer, step: int) -> None:
+        self.trainer, self.step = trainer, step
+
+    def install(self) -> SignalDuringUpdate:
+        return self
+
+    def uninstall(self) -> None:
+        pass
+
+    @property
+    def requested(self) -> bool:
+        return self.trainer.step >= self.step - 1

@@ -10,7 +10,13 @@ import pytest
 
 from research.experiments import load_experiment
 from research.experiments.task import ExperimentTask
-from tests.training.experiments import build_digits_dataset, make_trainer, run, write_experiment
+from tests.training.experiments import (
+    SignalDuringUpdate,
+    build_digits_dataset,
+    make_trainer,
+    run,
+    write_experiment,
+)
 from training.checkpoints import committed_steps
 from training.controller import Controller
 from training.errors import TrainingSetupError
@@ -179,25 +185,6 @@ def test_a_truncated_checkpoint_falls_back_to_a_step_with_weights_and_input_posi
     assert resumed.weights_sha256 == straight.weights_sha256
 
 
-class StopAtStep:
-    """SIGTERM as the controller sees it, arriving during the update to ``step``."""
-
-    signal_name = "SIGTERM"
-
-    def __init__(self, trainer, step):
-        self.trainer, self.step = trainer, step
-
-    def install(self):
-        return self
-
-    def uninstall(self):
-        pass
-
-    @property
-    def requested(self):
-        return self.trainer.step >= self.step - 1
-
-
 def test_evaluation_points_are_reported_alike_however_often_the_run_is_preempted(
     tmp_path, dataset, monkeypatch
 ):
@@ -211,7 +198,7 @@ def test_evaluation_points_are_reported_alike_however_often_the_run_is_preempted
     def train(directory, stop_at=None):
         trainer = make_trainer(write_experiment(directory, dataset, **settings))
         if stop_at is not None:
-            flag = StopAtStep(trainer, stop_at)
+            flag = SignalDuringUpdate(trainer, stop_at)
             monkeypatch.setattr(training.controller, "PreemptionFlag", lambda: flag)
         reported = []
         with Controller(trainer, eval_every_steps=4, progress=False) as controller:

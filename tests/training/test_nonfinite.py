@@ -10,7 +10,13 @@ import tensorflow as tf
 import tf_keras as keras
 
 from research.experiments.task import ExperimentTask
-from tests.training.experiments import build_digits_dataset, make_trainer, run, write_experiment
+from tests.training.experiments import (
+    SignalDuringUpdate,
+    build_digits_dataset,
+    make_trainer,
+    run,
+    write_experiment,
+)
 from training.checkpoints import CheckpointKeeper, committed_steps
 from training.export import NonFiniteWeightsError, save_serving_model
 
@@ -130,22 +136,8 @@ def test_a_preemption_inside_a_run_of_skipped_updates_commits_nothing(
     )
     trainer = make_trainer(path)
 
-    class SignalAfterTheFirstSkip:
-        """SIGTERM as the controller sees it, arriving once step 7 was skipped."""
-
-        signal_name = "SIGTERM"
-
-        def install(self):
-            return self
-
-        def uninstall(self):
-            pass
-
-        @property
-        def requested(self):
-            return trainer.step >= 7
-
-    monkeypatch.setattr(training.controller, "PreemptionFlag", SignalAfterTheFirstSkip)
+    flag = SignalDuringUpdate(trainer, 8)  # once step 7 was skipped
+    monkeypatch.setattr(training.controller, "PreemptionFlag", lambda: flag)
     outcome = run(trainer)
 
     assert outcome.exit_code == EXIT_PREEMPTED and outcome.step == 8
