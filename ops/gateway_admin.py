@@ -2,17 +2,27 @@
 
 A canary's weight must change on all replicas together, or clients see a mixture of old
 and new splits that no step of the rollout intended; a rollback that reaches only some
-replicas is not a rollback. So every change is sent to every replica concurrently (the
-admin API, ``PUT /admin/routing/{model}``), and also written to the shared routing file
-when one is given (a ConfigMap-like file that every replica polls). A replica that fails
-is named in the error, after the others have been tried, so the caller knows which ones
-to retry and the healthy ones already carry the change.
+replicas is not a rollback. Two ways, chosen by what the gateways report
+(``GET /admin/routing/status``):
+
+- **Routing source** (production): the gateways watch one routing source
+  (``slipway routing serve``). A change is written there once, for this model only, and
+  ``set_routing`` returns when every replica the source knows - including replicas
+  started after the controller was - reports the new revision; a replica that lags is
+  named. ``checked`` asks every such replica, not just the URLs given, and refuses when
+  one has not applied the model's latest revision.
+- **Fixed replicas** (one machine): every change is sent to every given URL concurrently
+  (``PUT /admin/routing/{model}``), and also written to the shared routing file when one
+  is given, rewriting only this model under the file's lock. A replica that fails is
+  named in the error after the others have been tried, so the healthy ones already carry
+  the change.
 """
 
 from __future__ import annotations
 
 import json
 import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -23,16 +33,14 @@ from typing import Any
 
 import pydantic
 
-from serving.routing import (
-    ModelRouting,
-    RoutingConfig,
-    RoutingConfigError,
-    load_routing,
-    write_routing,
-)
+from serving.routing import ModelRouting, RoutingConfigError, update_routing_file
 
 DEFAULT_TIMEOUT_S = 5.0
+# How long set_routing waits for every replica to apply a change (the goal is 2 s).
+APPLY_TIMEOUT_S = 10.0
+APPLY_POLL_S = 0.05
 AVAILABLE = "AVAILABLE"
+STATUS_PATH = "/admin/routing/status"
 
 
 class GatewayAdminError(RuntimeError):
@@ -57,6 +65,7 @@ class GatewayAdmin:
         *,
         routing_file: Path | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
+        apply_timeout: float = APPLY_TIMEOUT_S,
         ca_file: Path | None = None,
     ) -> None:
         if not urls:
@@ -68,19 +77,57 @@ class GatewayAdmin:
         self.routing_file = routing_file
         self._token = token
         self._timeout = timeout
+        self._apply_timeout = apply_timeout
         self._ssl = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
 
     # -- reading --------------------------------------------------------------------------
 
+    def source(self) -> str | None:
+        """The routing source the given gateways watch, or None when they watch none.
+
+        A gateway that cannot be asked is left to the call that follows, which names it;
+        gateways watching different sources are an error (they cannot agree).
+        """
+        sources = set()
+        for url in self.urls:
+            try:
+                status = self._request(url, "GET", STATUS_PATH)
+            except (GatewayAdminError, _NotFound):
+                continue
+            sources.add(status.get("source") if isinstance(status, dict) else None)
+        if len(sources) > 1:
+            listed = ", ".join(sorted(str(source) for source in sources))
+            raise GatewayAdminError(f"the gateways watch different routing sources: {listed}")
+        return sources.pop() if sources else None
+
+    def replicas(self, source: str | None) -> list[str]:
+        """The replicas to act on: those watching ``source``, or the URLs given."""
+        if source is None:
+            return self.urls
+        records = self._replica_records(source)
+        unreachable = [str(record.get("replica")) for record in records if not record.get("url")]
+        if unreachable:
+            raise GatewayAdminError(
+                f"{source}: replica(s) {', '.join(unreachable)} report no URL to check them at "
+                "(start them with --advertise-url)"
+            )
+        if not records:
+            raise GatewayAdminError(f"{source}: no gateway replica watches this routing source")
+        return [record["url"].rstrip("/") for record in records]
+
     def get_routing(self, model: str) -> dict[str, ModelRouting]:
         """The model's routing as each replica has it, by replica URL."""
         answers = self._on_every_replica(
-            lambda url: self._request(url, "GET", _routing_path(model))
+            lambda url: self._request(url, "GET", _routing_path(model)),
+            urls=self.replicas(self.source()),
         )
         return {url: _model_routing(url, body) for url, body in answers.items()}
 
     def routing(self, model: str) -> ModelRouting:
-        """The model's routing, which every replica must agree on."""
+        """The model's routing, which every replica must agree on (the source's, if any)."""
+        source = self.source()
+        if source is not None:
+            return _model_routing(source, self._source_entry(source, model)["routing"])
         by_replica = self.get_routing(model)
         first, *others = by_replica.values()
         if any(routing != first for routing in others):
@@ -96,16 +143,21 @@ class GatewayAdmin:
 
     def checked(self, model: str, versions: Iterable[int]) -> ModelRouting:
         """Check that every replica serves ``model`` with each of ``versions`` AVAILABLE,
-        and return the model's current routing; nothing is changed either way.
+        and (with a routing source) has applied the model's latest routing revision; return
+        the model's current routing. Nothing is changed either way.
 
         A rollout to a version that some replica has not loaded would send that replica's
         canary share to stable (the router keeps traffic off unavailable versions), so
-        the canary's numbers would come from fewer replicas than its weight suggests.
+        the canary's numbers would come from fewer replicas than its weight suggests; a
+        replica behind the source would split traffic as an older step did.
         """
+        source = self.source()
+        urls = self.replicas(source)
         wanted = sorted(set(versions))
         statuses = self._on_every_replica(
             lambda url: self._request(url, "GET", f"/v1/models/{_quote(model)}"),
             not_found=lambda url: UnknownModelError(f"{url}: model {model!r} is not served"),
+            urls=urls,
         )
         problems = []
         for url, body in statuses.items():
@@ -119,27 +171,90 @@ class GatewayAdmin:
                 )
         if problems:
             raise UnknownModelError("; ".join(problems))
-        return self.routing(model)
+        if source is None:
+            return self.routing(model)
+        entry = self._source_entry(source, model)
+        self._require_applied(source, urls, model, int(entry["revision"]))
+        return _model_routing(source, entry["routing"])
 
     # -- changing -------------------------------------------------------------------------
 
     def set_routing(self, model: str, routing: ModelRouting) -> None:
-        """Give ``model`` this routing everywhere: the routing file, then every replica."""
+        """Give ``model`` this routing everywhere: the routing file, then every replica
+        (through the routing source when the gateways watch one)."""
         if self.routing_file is not None:
-            self._write_file(model, routing)
+            try:
+                update_routing_file(self.routing_file, {model: routing})
+            except (OSError, RoutingConfigError) as exc:
+                raise GatewayAdminError(f"routing file {self.routing_file}: {exc}") from None
         body = routing.model_dump(mode="json", exclude_none=True)
-        self._on_every_replica(
-            lambda url: self._request(url, "PUT", _routing_path(model), body),
-            not_found=lambda url: UnknownModelError(f"{url}: model {model!r} is not served"),
-        )
+        source = self.source()
+        if source is None:
+            self._on_every_replica(
+                lambda url: self._request(url, "PUT", _routing_path(model), body),
+                not_found=lambda url: UnknownModelError(f"{url}: model {model!r} is not served"),
+            )
+            return
+        # Unconditional for this one model: during a rollout the controller owns the
+        # model's routing (its state lock), and what it sends is the state it wants, not an
+        # edit of what it read. Other models' entries are never touched.
+        written = self._request(source, "PUT", _source_path(model), body)
+        self._wait_applied(source, int(written["table_revision"]))
 
-    def _write_file(self, model: str, routing: ModelRouting) -> None:
-        path = self.routing_file
-        try:
-            config = load_routing(path) if path.exists() else RoutingConfig()
-            write_routing(path, RoutingConfig(models={**config.models, model: routing}))
-        except (OSError, RoutingConfigError) as exc:
-            raise GatewayAdminError(f"routing file {path}: {exc}") from None
+    def _wait_applied(self, source: str, revision: int) -> None:
+        """Return once every live replica reports ``revision``; name the ones that do not."""
+        deadline = time.monotonic() + self._apply_timeout
+        while True:
+            lagging = self._lagging(source, revision)
+            if not lagging:
+                return
+            if time.monotonic() > deadline:
+                raise GatewayAdminError(
+                    f"routing revision {revision} written to {source} but not applied within "
+                    f"{self._apply_timeout:g}s by: {'; '.join(lagging)}"
+                )
+            time.sleep(APPLY_POLL_S)  # polling another process's progress: nothing to await
+
+    def _lagging(self, source: str, revision: int) -> list[str]:
+        records = self._replica_records(source)
+        if not records:
+            return ["no gateway replica watches this routing source"]
+        return [
+            f"{record.get('url') or record.get('replica')} (at revision {record.get('revision')})"
+            for record in records
+            if int(record.get("revision", -1)) < revision
+        ]
+
+    def _require_applied(self, source: str, urls: list[str], model: str, revision: int) -> None:
+        """Raise naming every replica whose applied revision is older than ``revision``."""
+        statuses = self._on_every_replica(
+            lambda url: self._request(url, "GET", STATUS_PATH), urls=urls
+        )
+        lagging = [
+            f"{url}: at routing revision {status.get('revision')}"
+            + ("" if status.get("connected") else f" (source unreachable: {status.get('error')})")
+            for url, status in statuses.items()
+            if int(status.get("revision", -1)) < revision
+        ]
+        if lagging:
+            raise GatewayAdminError(
+                f"replicas have not applied revision {revision} of {model!r}'s routing from "
+                f"{source}: {'; '.join(lagging)}"
+            )
+
+    def _replica_records(self, source: str) -> list[dict[str, Any]]:
+        """The live replicas as the source lists them: name, URL and applied revision."""
+        listed = self._request(source, "GET", "/v1/replicas")
+        records = listed.get("replicas") if isinstance(listed, dict) else None
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            raise GatewayAdminError(f"{source}: unexpected replica list: {listed!r}")
+        return records
+
+    def _source_entry(self, source: str, model: str) -> dict[str, Any]:
+        entry = self._request(source, "GET", _source_path(model))
+        if not isinstance(entry, dict) or "revision" not in entry or "routing" not in entry:
+            raise GatewayAdminError(f"{source}: unexpected routing answer: {entry!r}")
+        return entry
 
     # -- transport ------------------------------------------------------------------------
 
@@ -148,11 +263,13 @@ class GatewayAdmin:
         call: Any,
         *,
         not_found: Any = None,
+        urls: Sequence[str] | None = None,
     ) -> dict[str, Any]:
-        """Run ``call(url)`` on all replicas concurrently; raise one error naming each
-        replica that failed once all have answered."""
-        with ThreadPoolExecutor(max_workers=len(self.urls)) as pool:
-            futures = {url: pool.submit(call, url) for url in self.urls}
+        """Run ``call(url)`` on all replicas (default: the URLs given) concurrently; raise
+        one error naming each replica that failed once all have answered."""
+        urls = self.urls if urls is None else urls
+        with ThreadPoolExecutor(max_workers=len(urls)) as pool:
+            futures = {url: pool.submit(call, url) for url in urls}
         answers: dict[str, Any] = {}
         failures: list[str] = []
         unknown: list[UnknownModelError] = []
@@ -178,7 +295,7 @@ class GatewayAdmin:
         request.add_header("Accept", "application/json")
         if data is not None:
             request.add_header("Content-Type", "application/json")
-        if self._token is not None and path.startswith("/admin/"):
+        if self._token is not None and path.startswith(("/admin/", "/v1/routing", "/v1/replicas")):
             request.add_header("Authorization", f"Bearer {self._token}")
         try:
             with urllib.request.urlopen(
@@ -208,6 +325,10 @@ class _NotFound(Exception):
 
 def _routing_path(model: str) -> str:
     return f"/admin/routing/{_quote(model)}"
+
+
+def _source_path(model: str) -> str:
+    return f"/v1/routing/{_quote(model)}"
 
 
 def _quote(model: str) -> str:

@@ -4,8 +4,12 @@ Routes (JSON bodies, ``Authorization: Bearer <token>``):
 
 =======  ===========================  ==========================================================
 GET      /admin/routing               the routing config in force
-PUT      /admin/routing               replace it (written to the routing file when one is set,
-                                      so every replica reading that file follows)
+GET      /admin/routing/status        where it comes from: the routing source, the revision
+                                      applied and whether the source answers (or the file)
+PUT      /admin/routing               replace it (sent to the routing source, or written to
+                                      the routing file, so every replica follows; only the
+                                      models that differ are written, each as a
+                                      compare-and-swap, so no concurrent change is lost)
 GET      /admin/routing/{model}       one model's routing
 PUT      /admin/routing/{model}       replace one model's routing (labels, canary_weight, …)
 DELETE   /admin/routing/{model}       drop it: the model routes to its highest version
@@ -18,60 +22,21 @@ POST     /admin/reload                rescan the model root and re-read the rout
 With no token configured the API does not exist (404 over REST, PERMISSION_DENIED for
 gRPC's ``HandleReloadConfigRequest``). A missing token is 401, a wrong one 403. Tokens
 are compared in constant time so response timing does not leak how much of a guess was
-right.
+right (``serving.admin_http``).
 """
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pydantic
 from aiohttp import web
 
+from serving.admin_http import AdminAuth, read_body
 from serving.batching import BatchingConfig
-from serving.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from serving.gateway import Gateway
-from serving.rest_api import read_json
 from serving.routing import ModelRouting, RoutingConfig
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class AdminAuth:
-    """Checks ``Authorization`` values against the configured token (None: admin off)."""
-
-    def __init__(self, token: str | None) -> None:
-        self._token = None if token is None else token.encode("utf-8")
-
-    @property
-    def enabled(self) -> bool:
-        return self._token is not None
-
-    def check(self, authorization: str | None) -> None:
-        """Return if ``authorization`` carries the token; raise the right error if not."""
-        if self._token is None:
-            raise PermissionDenied("the admin API is disabled: no admin token is configured")
-        if not authorization:
-            raise Unauthenticated("admin calls need an 'authorization: Bearer <token>' header")
-        scheme, _, credentials = authorization.strip().partition(" ")
-        if scheme.lower() != "bearer" or not credentials.strip():
-            raise Unauthenticated("admin calls need an 'authorization: Bearer <token>' header")
-        if not hmac.compare_digest(credentials.strip().encode("utf-8"), self._token):
-            raise PermissionDenied("the admin token is not valid")
-
-
-def _parse(model_type: type[pydantic.BaseModel], data: Any) -> Any:
-    try:
-        return model_type.model_validate(data)
-    except pydantic.ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or '<body>'}: "
-            f"{error['msg'].removeprefix('Value error, ')}"
-            for error in exc.errors()
-        )
-        raise InvalidArgument(f"invalid {model_type.__name__}: {problems}") from None
+__all__ = ["AdminApi", "AdminAuth"]
 
 
 class AdminApi:
@@ -87,6 +52,7 @@ class AdminApi:
             return
         routes = [
             ("GET", "/admin/routing", self.get_routing),
+            ("GET", "/admin/routing/status", self.get_routing_status),
             ("PUT", "/admin/routing", self.put_routing),
             ("GET", "/admin/routing/{model}", self.get_model_routing),
             ("PUT", "/admin/routing/{model}", self.put_model_routing),
@@ -96,14 +62,7 @@ class AdminApi:
             ("POST", "/admin/reload", self.reload),
         ]
         for method, path, handler in routes:
-            app.router.add_route(method, path, self._authorized(handler))
-
-    def _authorized(self, handler: Handler) -> Handler:
-        async def guarded(request: web.Request) -> web.StreamResponse:
-            self._auth.check(request.headers.get("Authorization"))
-            return await handler(request)
-
-        return guarded
+            app.router.add_route(method, path, self._auth.guarded(handler))
 
     def _routing_json(self) -> dict[str, Any]:
         return self._gateway.routing_config().model_dump(mode="json", exclude_none=True)
@@ -111,8 +70,11 @@ class AdminApi:
     async def get_routing(self, request: web.Request) -> web.Response:
         return web.json_response(self._routing_json())
 
+    async def get_routing_status(self, request: web.Request) -> web.Response:
+        return web.json_response(self._gateway.routing.status())
+
     async def put_routing(self, request: web.Request) -> web.Response:
-        config = _parse(RoutingConfig, await read_json(request))
+        config = await read_body(request, RoutingConfig)
         await self._gateway.set_routing(config)
         return web.json_response(self._routing_json())
 
@@ -122,7 +84,7 @@ class AdminApi:
 
     async def put_model_routing(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
-        routing = _parse(ModelRouting, await read_json(request))
+        routing = await read_body(request, ModelRouting)
         await self._gateway.set_model_routing(model, routing)
         return web.json_response(routing.model_dump(mode="json", exclude_none=True))
 
@@ -136,7 +98,7 @@ class AdminApi:
 
     async def put_batching(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
-        config = _parse(BatchingConfig, await read_json(request))
+        config = await read_body(request, BatchingConfig)
         self._gateway.set_batching_config(model, config)
         return web.json_response(config.model_dump(mode="json"))
 

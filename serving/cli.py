@@ -11,6 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from serving import routing_cli
+
 DEFAULT_GRPC_PORT = 8500
 DEFAULT_REST_PORT = 8501
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -61,7 +63,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         metavar="GATEWAY_YAML",
         help="Gateway settings: batching, version policies, remote backends, TLS, the admin "
-        "token and the shared routing file. Without it every setting takes its default.",
+        "token and the shared routing file or routing source. Without it every setting takes "
+        "its default.",
+    )
+    serve.add_argument(
+        "--prediction-log-dir",
+        type=Path,
+        metavar="DIR",
+        help="Write sampled requests and answers here as TensorFlow Serving PredictionLog "
+        "TFRecord files (rotated by size and age, closed on SIGTERM). Overrides "
+        "prediction_log.directory in the config.",
+    )
+    serve.add_argument(
+        "--prediction-log-sample",
+        type=_fraction,
+        metavar="FRACTION",
+        help="Fraction of answered requests to log, chosen by request id, from 0 to 1. "
+        "Default: 0 (off), or prediction_log.sample in the config.",
     )
     serve.add_argument(
         "--log-level",
@@ -69,19 +87,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=LOG_LEVELS,
         help="Least severe log messages written to standard error. Default: %(default)s.",
     )
+    serve.add_argument(
+        "--advertise-url",
+        metavar="URL",
+        help="REST URL at which the rollout controller reaches this replica, reported to "
+        "the routing source (gateway.yaml's routing_source). Default: http(s)://HOST:PORT, "
+        "with this machine's name for a wildcard HOST.",
+    )
     serve.set_defaults(handler=run_serve)
+    routing_cli.register(subparsers)
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction from 0 to 1, got {text!r}")
+    return value
 
 
 def run_serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from serving.config import load_config
+    from serving.config import load_config, with_prediction_log
     from serving.server import GatewayServer, serve
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    config = load_config(args.config)
+    config = with_prediction_log(
+        load_config(args.config), args.prediction_log_dir, args.prediction_log_sample
+    )
+    if config.routing_source is not None:
+        config = config.model_copy(
+            update={"routing_source": config.routing_source.model_copy(
+                update={"advertise_url": args.advertise_url or _own_url(args, config)}
+            )}
+        )  # fmt: skip
     server = GatewayServer(
         args.model_root,
         config,
@@ -90,6 +134,13 @@ def run_serve(args: argparse.Namespace) -> int:
         rest_port=args.rest_port,
     )
     return asyncio.run(serve(server))
+
+
+def _own_url(args: argparse.Namespace, config: Any) -> str:
+    import socket
+
+    host = socket.gethostname() if args.host in ("0.0.0.0", "::", "") else args.host
+    return f"{'https' if config.tls else 'http'}://{host}:{args.rest_port}"
 
 
 def __getattr__(name: str) -> Any:

@@ -4,8 +4,9 @@ Operators edit this file by hand, so every mistake is reported as
 ``gateway.yaml:12: models.digits.batching.max_batch_size: expected int, got 'x'`` rather
 than as a traceback. Relative paths in the file (certificates, token file, routing file)
 are resolved against the file's own directory, so a config can move with its secrets.
-Routing (labels, canary weight, shadow, failover) lives in a separate file because it
-changes at run time and is shared by every replica; this file names it.
+Routing (labels, canary weight, shadow, failover) lives elsewhere because it changes at
+run time and is shared by every replica: this file names the routing file, or the routing
+source the replica watches.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from contracts.yaml_config import ConfigError, load_yaml_model
 from serving.batching import BatchingConfig
 from serving.repository import VersionPolicy
+from serving.routing_sync import RoutingSourceConfig
 
 MIB = 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 64 * MIB
@@ -99,10 +101,38 @@ class ModelConfig(_Section):
     backend: Backend = LocalBackend()
 
 
+class PredictionLogConfig(_Section):
+    """Sampled requests and answers as ``PredictionLog`` TFRecords (see serving.prediction_log).
+
+    Off unless ``sample`` > 0, which needs a ``directory``.
+    """
+
+    directory: Path | None = None
+    sample: float = Field(default=0.0, ge=0, le=1)
+    max_file_bytes: int = Field(default=64 * MIB, gt=0)
+    max_file_age_s: float = Field(default=600.0, gt=0)
+    queue_size: int = Field(default=1024, gt=0)
+
+    @model_validator(mode="after")
+    def _directory_when_on(self) -> PredictionLogConfig:
+        if self.sample > 0 and self.directory is None:
+            raise ValueError("sample > 0 needs a directory to write to")
+        return self
+
+
+class FeedbackConfig(_Section):
+    """How many answers are kept for later labels (see serving.feedback), and how long."""
+
+    max_requests: int = Field(default=100_000, gt=0)
+    ttl_s: float = Field(default=3600.0, gt=0)
+
+
 class GatewayConfig(_Section):
     """Everything ``slipway serve --config`` reads. An empty file is a valid config."""
 
     routing_file: Path | None = None
+    # Replicas that must agree watch one routing source instead (serving.routing_sync).
+    routing_source: RoutingSourceConfig | None = None
     strict: bool = False
     poll_interval_s: float = Field(default=2.0, gt=0)
     version_policy: VersionPolicy = VersionPolicy()
@@ -112,6 +142,19 @@ class GatewayConfig(_Section):
     admin: AdminConfig = AdminConfig()
     max_message_bytes: int = Field(default=DEFAULT_MAX_MESSAGE_BYTES, gt=0)
     grace_period_s: float = Field(default=20.0, ge=0)
+    prediction_log: PredictionLogConfig = PredictionLogConfig()
+    feedback: FeedbackConfig = FeedbackConfig()
+
+    @model_validator(mode="after")
+    def _one_routing_origin(self) -> GatewayConfig:
+        if self.routing_file is not None and self.routing_source is not None:
+            raise ValueError("give routing_file or routing_source, not both")
+        if self.routing_source is not None and self.admin == AdminConfig():
+            raise ValueError(
+                "routing_source needs admin.token_env or admin.token_file: the replica "
+                "presents the admin token to the source"
+            )
+        return self
 
     def model(self, name: str) -> ModelConfig:
         return self.models.get(name, ModelConfig())
@@ -150,13 +193,40 @@ def load_config(path: str | Path | None) -> GatewayConfig:
     return _resolve_paths(load_yaml_model(path, GatewayConfig), path.parent)
 
 
+def with_prediction_log(
+    config: GatewayConfig, directory: Path | None, sample: float | None
+) -> GatewayConfig:
+    """``config`` with the command line's ``--prediction-log-*`` flags over its file's
+    ``prediction_log`` section (None: keep the file's value)."""
+    section = config.prediction_log.model_dump()
+    if directory is not None:
+        section["directory"] = directory
+    if sample is not None:
+        section["sample"] = sample
+    try:
+        checked = PredictionLogConfig.model_validate(section)
+    except ValidationError as exc:
+        reason = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise ConfigError(f"--prediction-log-sample / --prediction-log-dir: {reason}") from None
+    return config.model_copy(update={"prediction_log": checked})
+
+
 def _resolve_paths(config: GatewayConfig, base: Path) -> GatewayConfig:
     """Make every path in the file relative to the file, not to the working directory."""
 
     def resolve(value: Path | None) -> Path | None:
         return None if value is None else (base / value.expanduser())
 
-    updates: dict[str, Any] = {"routing_file": resolve(config.routing_file)}
+    updates: dict[str, Any] = {
+        "routing_file": resolve(config.routing_file),
+        "prediction_log": config.prediction_log.model_copy(
+            update={"directory": resolve(config.prediction_log.directory)}
+        ),
+    }
+    if config.routing_source is not None:
+        updates["routing_source"] = config.routing_source.model_copy(
+            update={"cache_file": resolve(config.routing_source.cache_file)}
+        )
     if config.tls is not None:
         updates["tls"] = config.tls.model_copy(
             update={

@@ -38,11 +38,20 @@ from serving.errors import (
     Unavailable,
 )
 from serving.example_inputs import examples_to_inputs
+from serving.feedback import FeedbackStore
 from serving.health import Health
 from serving.inference_results import classes_from_outputs, values_from_outputs
 from serving.metrics import GatewayMetrics
+from serving.prediction_log import (
+    FillLog,
+    fill_classify,
+    fill_predict,
+    fill_regress,
+    open_prediction_log,
+)
 from serving.remote_models import RemoteModels
 from serving.repository import ModelRepository, Servable, VersionState, VersionStatus
+from serving.request_id import new_request_id
 from serving.routing import CANARY, STABLE, ModelRouting, RouteDecision, Router, RoutingConfig
 from serving.routing_store import RoutingStore
 from serving.shadow import compare_outputs
@@ -137,7 +146,7 @@ class Gateway:
         self.model_root = Path(model_root)
         self.metrics = metrics or GatewayMetrics()
         self.health = health or Health()
-        self.routing = RoutingStore(self.config.routing_file)
+        self.routing = RoutingStore.for_gateway(self.config, self.metrics.registry)
         self.remote = RemoteModels(self.config)
         self.repository = ModelRepository(
             self.model_root,
@@ -149,6 +158,12 @@ class Gateway:
             unload_timeout=self.config.grace_period_s,
         )
         self.router = Router(self.routing.current, self.available_versions)
+        self.feedback = FeedbackStore(
+            self.metrics,
+            capacity=self.config.feedback.max_requests,
+            ttl_s=self.config.feedback.ttl_s,
+        )
+        self.prediction_log = open_prediction_log(self.config.prediction_log, self.metrics)
         self._batchers: dict[tuple[str, int, str], Batcher] = {}
         self._batching: dict[str, BatchingConfig] = {}
         self._background: set[asyncio.Task[None]] = set()
@@ -184,6 +199,7 @@ class Gateway:
         servable = await asyncio.to_thread(self.remote.connect, model)
         if servable is None:
             return False
+        self.metrics.create_version_series(model, servable.version)
         self.metrics.set_model_loaded(model, servable.version, True)
         self.metrics.observe_model_load(model, servable.version, servable.load_seconds)
         return True
@@ -217,13 +233,21 @@ class Gateway:
         await asyncio.to_thread(self.repository.stop)
         self.remote.close()
         await self.routing.stop()
+        if self.prediction_log is not None:
+            await asyncio.to_thread(self.prediction_log.close)
 
     def _open_backend(self, path: Path) -> Any:
         backend = self.config.model(path.parent.name).backend
         return open_backend(path, num_threads=getattr(backend, "tflite_threads", 1))
 
     def _on_version_change(self, model: str, status: VersionStatus) -> None:
-        """Repository listener (polling or unloading thread): hop onto the event loop."""
+        """Repository listener (polling or unloading thread): hop onto the event loop.
+
+        A loading version's series are created here, on the loading thread, so they
+        exist before the version can answer its first request.
+        """
+        if status.state is VersionState.LOADING:
+            self.metrics.create_version_series(model, status.version)
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._apply_version_change, model, status)
 
@@ -497,9 +521,11 @@ class Gateway:
         headers: Mapping[str, str] | None = None,
         output_filter: Sequence[str] = (),
         api: str = "grpc",
+        request_id: str | None = None,
     ) -> PredictResult:
         """Run ``signature_name`` on the routed version; ``inputs`` decodes the request
-        against that version's signature. ``output_filter`` keeps only the named outputs."""
+        against that version's signature. ``output_filter`` keeps only the named outputs.
+        ``request_id`` is the key of the answer for feedback and the prediction log."""
 
         def source(signature: Signature) -> Mapping[str, np.ndarray]:
             unknown = [name for name in output_filter if name not in signature.outputs]
@@ -517,6 +543,9 @@ class Gateway:
         outputs = executed.outputs
         if output_filter:
             outputs = {name: outputs[name] for name in output_filter}
+        self._answered(
+            request_id, model, signature_name, executed, fill_predict(executed.inputs, outputs)
+        )
         return PredictResult(model, executed.version, signature_name, outputs, executed.route)
 
     async def classify(
@@ -531,6 +560,7 @@ class Gateway:
         deadline: float | None = None,
         headers: Mapping[str, str] | None = None,
         api: str = "grpc",
+        request_id: str | None = None,
     ) -> ClassifyResult:
         """Classes with scores per tf.Example (see ``classes_from_outputs``)."""
         executed = await self._run(
@@ -539,6 +569,9 @@ class Gateway:
             deadline=deadline, headers=headers, api=api,
         )  # fmt: skip
         classes = classes_from_outputs(executed.outputs, executed.manifest, len(examples))
+        self._answered(
+            request_id, model, signature_name, executed, fill_classify(examples, context, classes)
+        )
         return ClassifyResult(model, executed.version, signature_name, classes)
 
     async def regress(
@@ -553,6 +586,7 @@ class Gateway:
         deadline: float | None = None,
         headers: Mapping[str, str] | None = None,
         api: str = "grpc",
+        request_id: str | None = None,
     ) -> RegressResult:
         """One value per tf.Example (see ``values_from_outputs``)."""
         executed = await self._run(
@@ -561,7 +595,29 @@ class Gateway:
             deadline=deadline, headers=headers, api=api,
         )  # fmt: skip
         values = values_from_outputs(executed.outputs, executed.manifest, len(examples))
+        self._answered(
+            request_id, model, signature_name, executed, fill_regress(examples, context, values)
+        )
         return RegressResult(model, executed.version, signature_name, values)
+
+    def _answered(
+        self,
+        request_id: str | None,
+        model: str,
+        signature_name: str,
+        executed: _Executed,
+        fill_log: FillLog,
+    ) -> None:
+        """Remember what was served for later labels and, if sampled, log it."""
+        request_id = request_id or new_request_id()
+        self.feedback.remember(
+            request_id, model, executed.version, executed.route, executed.outputs,
+            executed.manifest,
+        )  # fmt: skip
+        if self.prediction_log is not None:
+            self.prediction_log.submit(
+                request_id, model, executed.version, signature_name, fill_log
+            )
 
     async def metadata(self, model: str, version: int | None, label: str | None) -> ModelMetadata:
         async with self._admitted():

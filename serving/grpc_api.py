@@ -4,7 +4,14 @@ The messages and service names are TF Serving's own (``tensorflow_serving.apis``
 stock client stub works unchanged. Every handler is a thin translation: protos in,
 ``Gateway`` call, protos out. A ``ServingError`` becomes the matching gRPC status with its
 message; anything else is logged and answered INTERNAL, so a bad request can never take
-the server down.
+the server down. Every answer, error or not, carries its request id in the trailing
+metadata (``x-request-id``), leaving TF Serving's response messages as they are (trailing
+metadata goes out with the status: it needs no send of its own, and errors carry it too).
+
+``slipway.serving.FeedbackService/SendFeedback`` takes labels for answered requests. It
+has no .proto of its own: request and response are ``google.protobuf.Struct`` holding
+the REST feedback body plus ``"model"`` (see ``serving.feedback``), so any gRPC client
+can call it with the well-known types it already has.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
+from google.protobuf import json_format, struct_pb2
 from google.protobuf.message import Message
 from tensorflow.core.example.example_pb2 import Example
 from tensorflow_serving.apis import (
@@ -35,7 +43,10 @@ from tensorflow_serving.apis import (
 
 from serving.errors import InvalidArgument, ServingError
 from serving.gateway import ClassifyResult, Gateway, ModelMetadata, RegressResult
+from serving.inference_results import classification_proto, regression_proto
 from serving.repository import VersionStatus
+from serving.request_id import HEADER as REQUEST_ID_KEY
+from serving.request_id import new_request_id, request_id_of
 from serving.signature import DEFAULT_SIGNATURE
 from serving.tensors import numpy_to_tensor_proto, tensor_proto_to_numpy
 
@@ -46,27 +57,39 @@ CLASSIFY_METHOD = "tensorflow/serving/classify"
 REGRESS_METHOD = "tensorflow/serving/regress"
 SIGNATURE_DEF_FIELD = "signature_def"
 AUTHORIZATION_KEY = "authorization"
+FEEDBACK_SERVICE = "slipway.serving.FeedbackService"
+FEEDBACK_METHOD = "SendFeedback"
 
 ResponseT = TypeVar("ResponseT", bound=Message)
 
 
 def _answers_errors(
-    handler: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[ResponseT]],
+    handler: Callable[[Any, Any, grpc.aio.ServicerContext, str], Awaitable[ResponseT]],
 ) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[ResponseT]]:
-    """Turn exceptions into gRPC statuses: ServingError keeps its code, others are INTERNAL."""
+    """Give the handler its request id and send it back; turn exceptions into gRPC
+    statuses: ServingError keeps its code, others are INTERNAL."""
 
     @functools.wraps(handler)
     async def wrapped(self: Any, request: Any, context: grpc.aio.ServicerContext) -> ResponseT:
         try:
-            return await handler(self, request, context)
+            request_id = request_id_of(metadata_of(context))
+        except InvalidArgument as exc:
+            await context.abort(exc.code, exc.message, _request_id_metadata(new_request_id()))
+        context.set_trailing_metadata(_request_id_metadata(request_id))
+        try:
+            return await handler(self, request, context, request_id)
         except ServingError as exc:
             error = exc
         except Exception:
             logger.exception("%s failed", handler.__name__)
             error = ServingError(grpc.StatusCode.INTERNAL, "internal error")
-        await context.abort(error.code, error.message)
+        await context.abort(error.code, error.message, _request_id_metadata(request_id))
 
     return wrapped
+
+
+def _request_id_metadata(request_id: str) -> tuple[tuple[str, str], ...]:
+    return ((REQUEST_ID_KEY, request_id),)
 
 
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
@@ -110,22 +133,6 @@ def examples_of(input_proto: input_pb2.Input) -> tuple[Sequence[Example], Exampl
     raise InvalidArgument("input: expected example_list or example_list_with_context")
 
 
-def classification_result(result: ClassifyResult) -> classification_pb2.ClassificationResult:
-    proto = classification_pb2.ClassificationResult()
-    for row in result.classes:
-        classifications = proto.classifications.add()
-        for label, score in row:
-            classifications.classes.add(label=label, score=score)
-    return proto
-
-
-def regression_result(result: RegressResult) -> regression_pb2.RegressionResult:
-    proto = regression_pb2.RegressionResult()
-    for value in result.values:
-        proto.regressions.add(value=value)
-    return proto
-
-
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     """``tensorflow.serving.PredictionService``."""
 
@@ -134,7 +141,10 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     @_answers_errors
     async def Predict(
-        self, request: predict_pb2.PredictRequest, context: grpc.aio.ServicerContext
+        self,
+        request: predict_pb2.PredictRequest,
+        context: grpc.aio.ServicerContext,
+        request_id: str,
     ) -> predict_pb2.PredictResponse:
         spec = request.model_spec
         version, label = version_of(spec)
@@ -153,6 +163,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             headers=metadata_of(context),
             output_filter=tuple(request.output_filter),
             api="grpc",
+            request_id=request_id,
         )
         response = predict_pb2.PredictResponse()
         fill_spec(response.model_spec, result.model, result.version, result.signature_name)
@@ -162,27 +173,40 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     @_answers_errors
     async def Classify(
-        self, request: classification_pb2.ClassificationRequest, context: grpc.aio.ServicerContext
+        self,
+        request: classification_pb2.ClassificationRequest,
+        context: grpc.aio.ServicerContext,
+        request_id: str,
     ) -> classification_pb2.ClassificationResponse:
-        result = await self._infer(CLASSIFY_METHOD, request.model_spec, request.input, context)
+        result = await self._infer(
+            CLASSIFY_METHOD, request.model_spec, request.input, context, request_id
+        )
         response = classification_pb2.ClassificationResponse()
         fill_spec(response.model_spec, result.model, result.version, result.signature_name)
-        response.result.CopyFrom(classification_result(result))
+        response.result.CopyFrom(classification_proto(result.classes))
         return response
 
     @_answers_errors
     async def Regress(
-        self, request: regression_pb2.RegressionRequest, context: grpc.aio.ServicerContext
+        self,
+        request: regression_pb2.RegressionRequest,
+        context: grpc.aio.ServicerContext,
+        request_id: str,
     ) -> regression_pb2.RegressionResponse:
-        result = await self._infer(REGRESS_METHOD, request.model_spec, request.input, context)
+        result = await self._infer(
+            REGRESS_METHOD, request.model_spec, request.input, context, request_id
+        )
         response = regression_pb2.RegressionResponse()
         fill_spec(response.model_spec, result.model, result.version, result.signature_name)
-        response.result.CopyFrom(regression_result(result))
+        response.result.CopyFrom(regression_proto(result.values))
         return response
 
     @_answers_errors
     async def MultiInference(
-        self, request: inference_pb2.MultiInferenceRequest, context: grpc.aio.ServicerContext
+        self,
+        request: inference_pb2.MultiInferenceRequest,
+        context: grpc.aio.ServicerContext,
+        request_id: str,
     ) -> inference_pb2.MultiInferenceResponse:
         if not request.tasks:
             raise InvalidArgument("MultiInferenceRequest: no tasks")
@@ -199,13 +223,15 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                     f"task method_name: expected {CLASSIFY_METHOD} or {REGRESS_METHOD}, "
                     f"got {task.method_name!r}"
                 )
-            result = await self._infer(task.method_name, task.model_spec, request.input, context)
+            result = await self._infer(
+                task.method_name, task.model_spec, request.input, context, request_id
+            )
             entry = response.results.add()
             fill_spec(entry.model_spec, result.model, result.version, result.signature_name)
             if isinstance(result, ClassifyResult):
-                entry.classification_result.CopyFrom(classification_result(result))
+                entry.classification_result.CopyFrom(classification_proto(result.classes))
             else:
-                entry.regression_result.CopyFrom(regression_result(result))
+                entry.regression_result.CopyFrom(regression_proto(result.values))
         return response
 
     async def _infer(
@@ -214,6 +240,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         spec: model_pb2.ModelSpec,
         input_proto: input_pb2.Input,
         context: grpc.aio.ServicerContext,
+        request_id: str,
     ) -> ClassifyResult | RegressResult:
         version, label = version_of(spec)
         examples, example_context = examples_of(input_proto)
@@ -228,6 +255,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             deadline=deadline_of(context),
             headers=metadata_of(context),
             api="grpc",
+            request_id=request_id,
         )
 
     @_answers_errors
@@ -235,6 +263,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         self,
         request: get_model_metadata_pb2.GetModelMetadataRequest,
         context: grpc.aio.ServicerContext,
+        _request_id: str,
     ) -> get_model_metadata_pb2.GetModelMetadataResponse:
         fields = list(request.metadata_field)
         if not fields:
@@ -287,6 +316,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         self,
         request: get_model_status_pb2.GetModelStatusRequest,
         context: grpc.aio.ServicerContext,
+        _request_id: str,
     ) -> get_model_status_pb2.GetModelStatusResponse:
         version, label = version_of(request.model_spec)
         return model_status_response(self._gateway.status(request.model_spec.name, version, label))
@@ -296,6 +326,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         self,
         request: model_management_pb2.ReloadConfigRequest,
         context: grpc.aio.ServicerContext,
+        _request_id: str,
     ) -> model_management_pb2.ReloadConfigResponse:
         self._authorize(metadata_of(context).get(AUTHORIZATION_KEY))
         if request.config.WhichOneof("config") != "model_config_list":
@@ -308,3 +339,35 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         response = model_management_pb2.ReloadConfigResponse()
         response.status.error_code = 0
         return response
+
+
+class FeedbackService:
+    """``slipway.serving.FeedbackService/SendFeedback`` on a generic handler (Struct in
+    and out, see the module docstring)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    @_answers_errors
+    async def SendFeedback(
+        self, request: struct_pb2.Struct, context: grpc.aio.ServicerContext, _request_id: str
+    ) -> struct_pb2.Struct:
+        body = json_format.MessageToDict(request)
+        model = body.pop("model", None)
+        if not isinstance(model, str) or not model:
+            raise InvalidArgument("'model': expected the name of the model that answered")
+        response = struct_pb2.Struct()
+        response.update(self._gateway.feedback.submit(model, body))
+        return response
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            FEEDBACK_SERVICE,
+            {
+                FEEDBACK_METHOD: grpc.unary_unary_rpc_method_handler(
+                    self.SendFeedback,
+                    request_deserializer=struct_pb2.Struct.FromString,
+                    response_serializer=struct_pb2.Struct.SerializeToString,
+                )
+            },
+        )

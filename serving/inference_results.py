@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+from tensorflow_serving.apis import classification_pb2, regression_pb2
 
 from serving.errors import FailedPrecondition
 
@@ -79,27 +80,29 @@ def _is_one_value(array: np.ndarray) -> bool:
     ) and array.dtype.kind in "fiu"
 
 
-def classes_from_outputs(
-    outputs: Mapping[str, np.ndarray], manifest: Mapping[str, Any] | None, examples: int
-) -> list[list[tuple[str, float]]]:
-    """Per example, every class with its score, in the model's class order.
+def _class_scores(
+    outputs: Mapping[str, np.ndarray], manifest: Mapping[str, Any] | None, examples: int | None
+) -> tuple[np.ndarray, list[list[str]]]:
+    """The scores [rows, classes] of the classification output and each row's class names.
 
     Class names come from a ``classes`` output, else slipway.json's
-    ``labels.<output>.classes``, else the class index as text.
+    ``labels.<output>.classes``, else the class index as text. ``examples`` (when known)
+    is the number of rows the answer must have.
     """
     candidates = {k: v for k, v in outputs.items() if k != CLASSES_OUTPUT}
     name = _pick_output(candidates, manifest, SCORES_OUTPUT, "classification", _is_scores)
     scores = np.asarray(outputs[name])
     if scores.ndim == 1:
         scores = scores[:, None]
-    if scores.ndim != 2 or scores.shape[0] != examples or scores.dtype.kind not in "fiu":
+    rows = scores.shape[0] if examples is None else examples
+    if scores.ndim != 2 or scores.shape[0] != rows or scores.dtype.kind not in "fiu":
         raise FailedPrecondition(
             f"output {name!r} has shape {list(scores.shape)} ({scores.dtype}); classification "
-            f"needs numeric scores of shape [{examples}, classes]"
+            f"needs numeric scores of shape [{rows}, classes]"
         )
     count = scores.shape[1]
     if CLASSES_OUTPUT in outputs and np.shape(outputs[CLASSES_OUTPUT]) == scores.shape:
-        rows = [
+        names = [
             [
                 item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
                 for item in row
@@ -107,27 +110,72 @@ def classes_from_outputs(
             for row in np.asarray(outputs[CLASSES_OUTPUT]).tolist()
         ]
     else:
-        names = _manifest_classes(manifest, name)
-        if names is None or len(names) != count:
-            names = [str(index) for index in range(count)]
-        rows = [names] * examples
+        listed = _manifest_classes(manifest, name)
+        if listed is None or len(listed) != count:
+            listed = [str(index) for index in range(count)]
+        names = [listed] * rows
+    return scores, names
+
+
+def classes_from_outputs(
+    outputs: Mapping[str, np.ndarray], manifest: Mapping[str, Any] | None, examples: int
+) -> list[list[tuple[str, float]]]:
+    """Per example, every class with its score, in the model's class order."""
+    scores, names = _class_scores(outputs, manifest, examples)
     return [
         list(zip(labels, (float(score) for score in row), strict=True))
-        for labels, row in zip(rows, scores.tolist(), strict=True)
+        for labels, row in zip(names, scores.tolist(), strict=True)
     ]
 
 
+def top_classes(
+    outputs: Mapping[str, np.ndarray], manifest: Mapping[str, Any] | None
+) -> tuple[int, list[tuple[int, str]]]:
+    """The number of classes and, per row, the top-1 class served: (index, name).
+
+    ``FailedPrecondition`` when no output holds scores of two classes or more (a single
+    column is a regression value, not a class).
+    """
+    scores, names = _class_scores(outputs, manifest, None)
+    if scores.shape[1] < 2:
+        raise FailedPrecondition("the classification output has a single column")
+    best = scores.argmax(axis=1).tolist()
+    return scores.shape[1], [(index, row[index]) for index, row in zip(best, names, strict=True)]
+
+
 def values_from_outputs(
-    outputs: Mapping[str, np.ndarray], manifest: Mapping[str, Any] | None, examples: int
+    outputs: Mapping[str, np.ndarray], manifest: Mapping[str, Any] | None, examples: int | None
 ) -> list[float]:
-    """One regression value per example, from an output of shape [examples] or [examples, 1]."""
+    """One regression value per row, from an output of shape [rows] or [rows, 1];
+    ``examples`` (when known) is the number of rows the answer must have."""
     name = _pick_output(outputs, manifest, REGRESS_OUTPUT, "regression", _is_one_value)
     values = np.asarray(outputs[name])
     if values.ndim == 2 and values.shape[1] == 1:
         values = values[:, 0]
-    if values.shape != (examples,) or values.dtype.kind not in "fiu":
+    rows = values.shape[0] if examples is None and values.ndim else examples
+    if values.shape != (rows,) or values.dtype.kind not in "fiu":
         raise FailedPrecondition(
             f"output {name!r} has shape {list(np.shape(outputs[name]))}; regression needs one "
-            f"number per example ([{examples}] or [{examples}, 1])"
+            f"number per example ([{rows}] or [{rows}, 1])"
         )
     return [float(value) for value in values.tolist()]
+
+
+def classification_proto(
+    classes: list[list[tuple[str, float]]],
+) -> classification_pb2.ClassificationResult:
+    """A Classify answer as TF Serving's ``ClassificationResult``."""
+    proto = classification_pb2.ClassificationResult()
+    for row in classes:
+        classifications = proto.classifications.add()
+        for label, score in row:
+            classifications.classes.add(label=label, score=score)
+    return proto
+
+
+def regression_proto(values: list[float]) -> regression_pb2.RegressionResult:
+    """A Regress answer as TF Serving's ``RegressionResult``."""
+    proto = regression_pb2.RegressionResult()
+    for value in values:
+        proto.regressions.add(value=value)
+    return proto

@@ -5,6 +5,11 @@ process (tests, benchmarks) never share or collide on series, and so that ``/met
 exposes exactly the gateway's metrics. Every request metric carries ``model``, ``version``
 and ``route`` (``stable``, ``canary``, ``shadow``, ``explicit``) labels: the rollout
 controller compares a canary with stable by selecting on ``route``.
+
+A version's request and feedback series are created at 0 when it starts loading
+(``create_version_series``): Prometheus' ``increase()`` cannot see the first sample of
+a new series, so a canary's first errors would otherwise be undercounted. Series of a
+version stay after it unloads, as its ``model_loaded`` gauge does (at 0).
 """
 
 from __future__ import annotations
@@ -12,10 +17,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
+import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
 ROUTES = ("stable", "canary", "shadow", "explicit")
+# Routes an answer a client received can take (a shadow answer is never served).
+SERVED_ROUTES = ("stable", "canary", "explicit")
+APIS = ("grpc", "rest")
+# Every status a request can end with: a remote backend relays whatever its server said.
+STATUS_CODES = tuple(code.name for code in grpc.StatusCode)
+FEEDBACK_OUTCOMES = ("correct", "incorrect")
+PREDICTION_LOG_OUTCOMES = ("written", "dropped", "failed")
 
 # 0.5 ms to 10 s: a cached tiny model answers in well under a millisecond, a cold remote
 # backend can take seconds; the rollout controller's latency SLOs sit in between.
@@ -40,6 +53,8 @@ BATCH_SIZE_BUCKETS = tuple(float(2**power) for power in range(11))
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0)
 AGREEMENT_BUCKETS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0)
 ABS_DIFF_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
+# Regression labels come in the model's own units: a wide, coarse spread.
+ABS_ERROR_BUCKETS = (0.001, 0.01, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 100.0, 1000.0)
 
 _REQUEST_LABELS = ("model", "version", "route")
 _VERSION_LABELS = ("model", "version")
@@ -146,6 +161,47 @@ class GatewayMetrics:
             ("model", "from_version", "to_version"),
             registry=registry,
         )
+        self.feedback = Counter(
+            "slipway_gateway_feedback",
+            "Labels received for served classifications, by whether the served top-1 class "
+            "was correct.",
+            (*_REQUEST_LABELS, "outcome"),
+            registry=registry,
+        )
+        self.feedback_absolute_error = Histogram(
+            "slipway_gateway_feedback_absolute_error",
+            "Labels received for served regressions: absolute error of the served value.",
+            _REQUEST_LABELS,
+            buckets=ABS_ERROR_BUCKETS,
+            registry=registry,
+        )
+        self.prediction_log_records = Counter(
+            "slipway_gateway_prediction_log_records",
+            "Sampled requests for the prediction log: written, dropped (queue full, never "
+            "blocking a request) or failed (the file could not be written).",
+            ("outcome",),
+            registry=registry,
+        )
+        for outcome in PREDICTION_LOG_OUTCOMES:
+            self.prediction_log_records.labels(outcome)
+
+    def create_version_series(self, model: str, version: int | str) -> None:
+        """Create every request and feedback series ``version`` can have, at 0.
+
+        Called before a version can answer: every route, status code and API of its
+        request counter, its latency histograms, and its feedback metrics.
+        """
+        for route in ROUTES:
+            labels = (model, str(version), route)
+            for code in STATUS_CODES:
+                for api in APIS:
+                    self.requests.labels(*labels, code, api)
+            self.request_seconds.labels(*labels)
+        for route in SERVED_ROUTES:
+            labels = (model, str(version), route)
+            for outcome in FEEDBACK_OUTCOMES:
+                self.feedback.labels(*labels, outcome)
+            self.feedback_absolute_error.labels(*labels)
 
     def observe_request(
         self,
@@ -226,6 +282,22 @@ class GatewayMetrics:
 
     def observe_failover(self, model: str, from_version: int | str, to_version: int | str) -> None:
         self.failovers.labels(model, str(from_version), str(to_version)).inc()
+
+    def observe_feedback(
+        self, model: str, version: int | str, route: str, *, correct: bool
+    ) -> None:
+        """Count one labelled row of a served classification."""
+        outcome = FEEDBACK_OUTCOMES[0] if correct else FEEDBACK_OUTCOMES[1]
+        self.feedback.labels(model, str(version), route, outcome).inc()
+
+    def observe_absolute_error(
+        self, model: str, version: int | str, route: str, error: float
+    ) -> None:
+        """Record one labelled row of a served regression."""
+        self.feedback_absolute_error.labels(model, str(version), route).observe(error)
+
+    def count_prediction_log(self, outcome: str) -> None:
+        self.prediction_log_records.labels(outcome).inc()
 
     def batch_observer(
         self, model: str, version: int | str, route: str | Callable[[], str]

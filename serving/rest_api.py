@@ -6,7 +6,9 @@ Every failure is ``{"error": "…"}`` with the HTTP status of its gRPC code, inc
 ones aiohttp raises itself (unknown path, body over the size limit).
 
 A client sets a deadline with the ``X-Request-Timeout-Ms`` header (milliseconds), the REST
-counterpart of a gRPC deadline.
+counterpart of a gRPC deadline. Every response carries ``X-Request-Id``: the client's own
+(checked) when it sent one, else a new one. ``POST /v1/models/{m}/feedback`` takes labels
+for answered requests (see ``serving.feedback``).
 """
 
 from __future__ import annotations
@@ -28,17 +30,20 @@ from tensorflow.core.example.feature_pb2 import Feature
 from serving.errors import InvalidArgument, NotFound, ServingError
 from serving.gateway import Gateway
 from serving.grpc_api import SIGNATURE_DEF_FIELD, model_status_response, signature_def_map
+from serving.request_id import new_request_id, request_id_of
 from serving.signature import DEFAULT_SIGNATURE, Signature
 from serving.tensors import decode_b64, is_b64, json_to_inputs, outputs_to_predictions
 
 logger = logging.getLogger(__name__)
 
 TIMEOUT_HEADER = "X-Request-Timeout-Ms"
+REQUEST_ID_HEADER = "X-Request-Id"
+REQUEST_ID_KEY = web.RequestKey("request_id", str)
 
 _MODEL_PATH = re.compile(
     r"^/v1/models/(?P<model>[^/:]+)"
     r"(?:/versions/(?P<version>[^/:]+)|/labels/(?P<label>[^/:]+))?"
-    r"(?:(?P<metadata>/metadata)|:(?P<verb>[A-Za-z]+))?$"
+    r"(?:/(?P<resource>metadata|feedback)|:(?P<verb>[A-Za-z]+))?$"
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -64,6 +69,22 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     except Exception:
         logger.exception("%s %s failed", request.method, request.path)
         return json_error(500, "internal error")
+
+
+@web.middleware
+async def request_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Give the request its id (``request[REQUEST_ID_KEY]``) and every response the header;
+    an unusable client id is answered 400, still with an id of the gateway's."""
+    try:
+        request_id = request_id_of(request.headers)  # case-insensitive, like HTTP
+    except InvalidArgument as exc:
+        response: web.StreamResponse = json_error(exc.http_status, exc.message)
+        request_id = new_request_id()
+    else:
+        request[REQUEST_ID_KEY] = request_id
+        response = await handler(request)
+    response.headers[REQUEST_ID_HEADER] = request_id
+    return response
 
 
 def deadline_of(request: web.Request) -> float | None:
@@ -190,10 +211,12 @@ class RestApi:
                     f"version must be a non-negative integer, got {match['version']!r}"
                 )
             version = int(match["version"])
+        if match["resource"] == "feedback":
+            return await self._feedback(request, model, version, label)
         if verb is None:
             if request.method != "GET":
                 raise web.HTTPMethodNotAllowed(request.method, ["GET"])
-            if match["metadata"]:
+            if match["resource"] == "metadata":
                 return await self._metadata(model, version, label)
             return self._status(model, version, label)
         if request.method != "POST":
@@ -250,6 +273,7 @@ class RestApi:
             deadline=deadline_of(request),
             headers=headers_of(request),
             api="rest",
+            request_id=request[REQUEST_ID_KEY],
         )
         return web.json_response(outputs_to_predictions(result.outputs, row_format))
 
@@ -269,6 +293,7 @@ class RestApi:
             deadline=deadline_of(request),
             headers=headers_of(request),
             api="rest",
+            request_id=request[REQUEST_ID_KEY],
         )
         if verb == "classify":
             results: list[Any] = [[list(pair) for pair in row] for row in result.classes]
@@ -276,9 +301,21 @@ class RestApi:
             results = result.values
         return web.json_response({"results": results})
 
+    async def _feedback(
+        self, request: web.Request, model: str, version: int | None, label: str | None
+    ) -> web.Response:
+        if request.method != "POST":
+            raise web.HTTPMethodNotAllowed(request.method, ["POST"])
+        if version is not None or label is not None:
+            raise InvalidArgument(
+                "feedback names the model only (POST /v1/models/{model}/feedback): the "
+                "request id says which version answered"
+            )
+        return web.json_response(self._gateway.feedback.submit(model, await read_json(request)))
+
 
 def build_app(gateway: Gateway, *, max_body_bytes: int) -> web.Application:
     """The REST application; ``max_body_bytes`` bounds request bodies (413 beyond)."""
-    app = web.Application(middlewares=[errors_as_json], client_max_size=max_body_bytes)
+    app = web.Application(middlewares=[request_ids, errors_as_json], client_max_size=max_body_bytes)
     RestApi(gateway).add_routes(app)
     return app

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Protocol
@@ -159,6 +160,26 @@ def write_routing(path: str | Path, config: RoutingConfig) -> None:
     """
     path = Path(path)
     write_text_atomically(path, dump_routing(config, as_json=path.suffix.lower() == ".json"))
+
+
+def update_routing_file(path: str | Path, changes: Mapping[str, ModelRouting | None]) -> None:
+    """Set (or, for None, remove) the named models' routing in the file, keeping the rest.
+
+    The file is re-read under an exclusive lock (``<file>.lock`` beside it), so writers
+    sharing one file - replicas, the rollout controller - never drop each other's models:
+    a read-then-write without the lock would put back what it read.
+    """
+    path = Path(path)
+    with path.with_name(path.name + ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        config = load_routing(path) if path.exists() else RoutingConfig()
+        models = {**config.models, **changes}
+        write_routing(
+            path,
+            RoutingConfig(
+                models={name: routing for name, routing in models.items() if routing is not None}
+            ),
+        )
 
 
 # --------------------------------------------------------------------------- watcher

@@ -28,7 +28,7 @@ from tensorflow_serving.apis import (
 from serving.admin import AdminApi, AdminAuth
 from serving.config import GatewayConfig, ServerTLS
 from serving.gateway import Gateway
-from serving.grpc_api import ModelService, PredictionService
+from serving.grpc_api import FeedbackService, ModelService, PredictionService
 from serving.health import Health
 from serving.rest_api import build_app
 
@@ -129,6 +129,7 @@ class GatewayServer:
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(
             ModelService(gateway, auth.check), server
         )
+        server.add_generic_rpc_handlers((FeedbackService(gateway).handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(gateway.health.servicer, server)
         reflection.enable_server_reflection(
             [

@@ -112,7 +112,8 @@ def main(argv: Sequence[str] | None = None, *, quiet_start_up: bool = False) -> 
         with full_width_when_piped():
             return int(args.handler(args) or EXIT_OK)
     except user_errors(args.handler) as exc:
-        stderr.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        # Unwrapped: a "file:line: key: problem" message stays one line to copy or grep.
+        stderr.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return EXIT_USAGE
     except KeyboardInterrupt:
         stderr.print("interrupted")

@@ -129,7 +129,7 @@ def rollout_chapter(workdir: Path, version: Path) -> None:
     from slipway.demo_rollout import rollout_story
 
     console.print(Rule("5. Canary rollouts"))
-    rollout_story(workdir, version)
+    rollout_story(workdir, version, workdir / "datasets" / "digits")
 
 
 def main() -> None:

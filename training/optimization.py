@@ -76,17 +76,18 @@ def build_optimizer(
     *,
     loss_scaling: bool,
 ) -> tuple[keras.optimizers.Optimizer, WarmupDecay]:
-    """AdamW with the experiment's schedule (returned too, for logging), always wrapped so
-    non-finite updates are skipped.
+    """AdamW with the experiment's schedule (returned too, for logging); with
+    ``loss_scaling`` (float16) wrapped in a dynamic loss-scale optimizer.
 
     ``optimizer.clip_global_norm`` is left to the trainer, which computes the gradients'
     global norm for its log and its non-finite check and clips with it
     (``tf.clip_by_global_norm(..., use_norm=norm)``, the same op the optimizer would
     run, without computing the norm a second time).
 
-    The loss-scale wrapper is what skips an update whose gradients are not finite on any
-    replica (consistently across replicas). With float16 it also scales the loss
-    dynamically; otherwise its scale stays at 1 (exact in any precision).
+    The loss-scale wrapper scales the loss and skips an update whose gradients are not
+    finite (lowering the scale). Other precisions need no scale, and the trainer skips
+    their non-finite updates itself, from the global norm it computes anyway: a wrapper
+    would test every gradient a second time, each update.
     """
     rate = WarmupDecay(
         optimizer.learning_rate,
@@ -105,7 +106,4 @@ def build_optimizer(
     )
     if loss_scaling:
         return keras.mixed_precision.LossScaleOptimizer(inner), rate
-    wrapped = keras.mixed_precision.LossScaleOptimizer(
-        inner, dynamic=True, initial_scale=1.0, dynamic_growth_steps=2**31 - 1
-    )
-    return wrapped, rate
+    return inner, rate

@@ -27,13 +27,16 @@ class RunInUseError(TrainingSetupError):
 
 
 @contextmanager
-def exclusive_run(run_dir: Path, checkpoint_dir: Path | None = None) -> Iterator[None]:
+def exclusive_run(
+    run_dir: Path, checkpoint_dir: Path | None = None, *, command: str = "slipway train"
+) -> Iterator[None]:
     """Hold the locks of ``run_dir`` and ``checkpoint_dir`` for the duration;
-    RunInUseError when a live run holds either."""
+    RunInUseError when a live run holds either. ``command`` names this kind of run in
+    the message a second one gets (a search's output directory is locked the same way)."""
     with ExitStack() as stack:
-        stack.enter_context(_held(run_dir, run_dir, "running in this run directory"))
+        stack.enter_context(_held(run_dir, run_dir, f"{command} is running in this directory"))
         if checkpoint_dir is not None and _differ(checkpoint_dir, run_dir):
-            what = "writing its checkpoints to this checkpoint directory"
+            what = f"{command} is writing its checkpoints to this checkpoint directory"
             stack.enter_context(_held(checkpoint_dir, run_dir, what))
         yield
 
@@ -51,8 +54,7 @@ def _held(directory: Path, run_dir: Path, what: str) -> Iterator[None]:
     lock = try_lock(path, create=True)
     if lock is None:
         raise RunInUseError(
-            f"{directory}: another slipway train is {what}{_holder(path, run_dir)}; "
-            "wait for it to finish or stop it"
+            f"{directory}: another {what}{_holder(path, run_dir)}; wait for it to finish or stop it"
         )
     try:
         lock.record(f"{os.getpid()}\n{run_dir.resolve()}\n")

@@ -55,6 +55,7 @@ from training.distribution import WorkerRole, choose_strategy
 from training.errors import EXIT_DIVERGED, EXIT_OK
 from training.precision_probe import choose_for_task
 from training.preemption import EXIT_PREEMPTED
+from training.run_lock import exclusive_run
 from training.search_results import SearchResult, forget_results, write_results
 from training.trainer import Trainer, evaluation_names
 
@@ -362,17 +363,18 @@ def run_search(
     """
     plan = plan_search(experiment, space, max_trials=max_trials, model_fn=model_fn)
     output_dir = Path(output_dir) if output_dir is not None else plan.config.run_path / "tuning"
-    output_dir.mkdir(parents=True, exist_ok=True)
-    runner = _open_runner(
-        plan, output_dir, overwrite=overwrite, model_fn=model_fn, progress=bool(verbose)
-    )
-    stopped, preempted = None, False
-    try:
-        runner.search(verbose=verbose)
-    except SearchPreempted as exc:
-        stopped, preempted = str(exc), True
-    except RuntimeError as exc:
-        if not _too_many_failures(runner.oracle):
-            raise
-        stopped = str(exc).splitlines()[0]
-    return write_results(plan, runner.oracle, output_dir, stopped=stopped, preempted=preempted)
+    # Two searches in one directory would share (and overwrite) one oracle and its trials.
+    with exclusive_run(output_dir, command="slipway tune"):
+        runner = _open_runner(
+            plan, output_dir, overwrite=overwrite, model_fn=model_fn, progress=bool(verbose)
+        )
+        stopped, preempted = None, False
+        try:
+            runner.search(verbose=verbose)
+        except SearchPreempted as exc:
+            stopped, preempted = str(exc), True
+        except RuntimeError as exc:
+            if not _too_many_failures(runner.oracle):
+                raise
+            stopped = str(exc).splitlines()[0]
+        return write_results(plan, runner.oracle, output_dir, stopped=stopped, preempted=preempted)

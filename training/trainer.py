@@ -209,7 +209,7 @@ class Trainer:
         self.accumulation = training.gradient_accumulation
         self.global_update_batch = global_micro_batch * self.accumulation
         self.precision = precision or resolve_precision(training.precision)
-        self.loss_only_finiteness = needs_loss_scaling(self.precision)
+        self.loss_scaling = needs_loss_scaling(self.precision)
         configure_determinism(config)
         apply_precision(self.precision)
         self.global_micro_batch = global_micro_batch
@@ -227,7 +227,7 @@ class Trainer:
                 training.schedule,
                 task.total_steps,
                 self.lr_scale,
-                loss_scaling=self.loss_only_finiteness,
+                loss_scaling=self.loss_scaling,
             )
             self.optimizer.build(self.model.trainable_variables)
             self._consecutive_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -371,9 +371,11 @@ class Trainer:
             if self.model.losses:
                 replicas = self.strategy.num_replicas_in_sync
                 loss += tf.add_n(self.model.losses) / float(replicas * self.accumulation)
-            scaled = self.optimizer.get_scaled_loss(loss)
+            scaled = self.optimizer.get_scaled_loss(loss) if self.loss_scaling else loss
         variables = self.model.trainable_variables
-        gradients = self.optimizer.get_unscaled_gradients(tape.gradient(scaled, variables))
+        gradients = tape.gradient(scaled, variables)
+        if self.loss_scaling:
+            gradients = self.optimizer.get_unscaled_gradients(gradients)
         return gradients, loss
 
     def _accumulate(self, features: Any, labels: Any) -> None:
@@ -390,27 +392,59 @@ class Trainer:
         stop = _sum_over_replicas(tf.identity(stop))  # > 0: some worker asked to stop
         norm = tf.linalg.global_norm(gradients)
         norm_finite = tf.math.is_finite(norm)
-        if self.loss_only_finiteness:
+        if self.loss_scaling:
             # Non-finite gradients are the dynamic loss scale overflowing, which the
             # optimizer answers by lowering it; only finite gradients whose global norm
             # overflows make the update count as non-finite.
             overflow = tf.logical_and(_all_finite(gradients), tf.logical_not(norm_finite))
             finite = tf.logical_and(tf.math.is_finite(loss), tf.logical_not(overflow))
+            # Finite gradients whose global norm overflows pass the loss-scale optimizer's
+            # check, and global-norm clipping then turns every one of them into NaN: such
+            # an update is poisoned, so it is skipped (gradients that are not all finite
+            # are skipped anyway, so poisoning them too changes nothing).
+            gradients = _poison_if(tf.logical_not(norm_finite), gradients)
         else:
             finite = tf.logical_and(tf.math.is_finite(loss), norm_finite)
-        # Finite gradients whose global norm overflows pass the loss-scale optimizer's
-        # check, and global-norm clipping then turns every one of them into NaN: such an
-        # update is poisoned, so it is skipped (gradients that are not all finite are
-        # skipped anyway, so poisoning them too changes nothing).
-        gradients = _poison_if(tf.logical_not(norm_finite), gradients)
         if self._clip_global_norm is not None:
             # The norm is at hand: the optimizer's own clipping would compute it again.
             gradients, _ = tf.clip_by_global_norm(gradients, self._clip_global_norm, use_norm=norm)
-        self.optimizer.apply_gradients(
-            zip(gradients, self.model.trainable_variables, strict=True),
-            skip_gradients_aggregation=True,
-        )
+        if self.loss_scaling:  # the loss-scale optimizer decides whether to apply
+            self.optimizer.apply_gradients(
+                zip(gradients, self.model.trainable_variables, strict=True),
+                skip_gradients_aggregation=True,
+            )
+        else:
+            tf.distribute.get_replica_context().merge_call(
+                self._apply_if_finite, args=(finite, gradients)
+            )
         return loss, norm, finite, stop
+
+    def _apply_if_finite(
+        self, strategy: tf.distribute.Strategy, finite: Any, gradients: list[Any]
+    ) -> None:
+        """Apply the summed gradients, or skip the update (still counting it, as the
+        loss-scale optimizer does) when it is not finite.
+
+        The condition is taken across replicas (as the loss-scale optimizer takes its
+        own): an optimizer applying gradients cannot be called inside a condition of one
+        replica, so the branch that applies enters every replica again.
+        """
+        apply_now = strategy.experimental_local_results(finite)[0]  # the same on every replica
+        optimizer = self.optimizer
+
+        def apply_in_replica(gradients: list[Any]) -> None:
+            optimizer.apply_gradients(
+                zip(gradients, self.model.trainable_variables, strict=True),
+                skip_gradients_aggregation=True,
+            )
+
+        def apply() -> None:
+            strategy.extended.call_for_each_replica(apply_in_replica, args=(gradients,))
+
+        def skip() -> None:
+            optimizer.iterations.assign_add(1, read_value=False)
+
+        tf.cond(apply_now, apply, skip)
 
     def _update_single(self, features: Any, labels: Any, stop: tf.Tensor) -> Any:
         gradients, loss = self._gradients(features, labels)

@@ -29,9 +29,11 @@ import pytest
 import yaml
 
 from serving import cli as serving_cli
+from serving import routing_cli
 from serving.config import GatewayConfig, load_config
 from serving.metrics import ROUTES, GatewayMetrics
 from serving.routing import parse_routing
+from serving.routing_store import RoutingStore
 from tests import prometheus_binaries
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -168,6 +170,7 @@ def gateway_catalogue() -> Catalogue:
     metrics.observe_model_load("m", 1, 1.5)
     metrics.observe_shadow("m", 2, "OK", agreement=1.0, abs_diff=0.0)
     metrics.observe_failover("m", 2, 1)
+    RoutingStore(registry=metrics.registry)  # the gateway's routing gauges
     suffixes = {
         "counter": ("_total", "_created"),
         "histogram": ("_bucket", "_count", "_sum", "_created"),
@@ -395,6 +398,7 @@ def test_every_asset_parses() -> None:
         "kubernetes/service.yaml",
         "kubernetes/hpa.yaml",
         "kubernetes/routing-configmap.yaml",
+        "kubernetes/routing-source.yaml",
         "kubernetes/kustomization.yaml",
         "kubernetes/tfjob.yaml",
         "prometheus/prometheus.yml",
@@ -417,12 +421,14 @@ def test_kustomization_holds_the_gateway_objects(objects: list[dict[str, Any]]) 
     kinds = sorted((o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in objects)
     assert kinds == [
         ("apps/v1", "Deployment", "slipway-gateway"),
+        ("apps/v1", "Deployment", "slipway-routing"),
         ("autoscaling/v2", "HorizontalPodAutoscaler", "slipway-gateway"),
         ("policy/v1", "PodDisruptionBudget", "slipway-gateway"),
         ("v1", "ConfigMap", "slipway-gateway-config"),
         ("v1", "ConfigMap", "slipway-routing"),
         ("v1", "Service", "slipway-gateway"),
         ("v1", "Service", "slipway-gateway-headless"),
+        ("v1", "Service", "slipway-routing"),
     ]
 
 
@@ -510,8 +516,7 @@ def test_gateway_settings_load_and_name_mounted_files(
     objects: list[dict[str, Any]], pod_spec: dict[str, Any], settings: GatewayConfig
 ) -> None:
     config = settings
-    routing_map, _ = mounted_configmap_file(objects, pod_spec, PurePosixPath(config.routing_file))
-    assert routing_map == "slipway-routing"
+    assert config.routing_file is None and config.routing_source is not None
     # A canary rollout needs stable and canary loaded at once.
     assert config.version_policy.kind == "latest" and config.version_policy.num_versions >= 2
     (container,) = pod_spec["containers"]
@@ -536,6 +541,86 @@ def test_routing_configmap_is_a_valid_routing_file(objects: list[dict[str, Any]]
         assert "stable" in model.labels, name
 
 
+@pytest.fixture(scope="module")
+def source_args(objects: list[dict[str, Any]]) -> argparse.Namespace:
+    """The routing source container's command line, parsed by ``slipway``'s own parser."""
+    (source,) = find(objects, "Deployment", "slipway-routing")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    parser = argparse.ArgumentParser(prog="slipway")
+    serving_cli.register(parser.add_subparsers(dest="command", required=True))
+    program, *arguments = source["command"]
+    assert program == "slipway"
+    return parser.parse_args(arguments)
+
+
+def test_the_routing_source_is_one_writer_with_its_table_on_the_workspace(
+    objects: list[dict[str, Any]], source_args: argparse.Namespace
+) -> None:
+    assert source_args.handler is routing_cli.run_routing_serve
+    deployment = find(objects, "Deployment", "slipway-routing")
+    # A second instance would be a second truth: one replica, never two during an update.
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    mounts = {PurePosixPath(m["mountPath"]): m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    state = mounts[source_args.state.parent]
+    assert not state.get("readOnly") and "subPath" in state  # written on every change
+    assert volumes[state["name"]]["persistentVolumeClaim"]["claimName"] == "slipway-workspace"
+    seed = mounts[source_args.seed.parent]
+    assert volumes[seed["name"]]["configMap"]["name"] == "slipway-routing"
+    assert source_args.seed.name in find(objects, "ConfigMap", "slipway-routing")["data"]
+    (token,) = [e for e in container["env"] if e["name"] == source_args.token_env]
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "slipway-gateway-admin", "key": "token"}
+    (port,) = container["ports"]
+    assert port["containerPort"] == source_args.port == routing_cli.DEFAULT_PORT
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    service = find(objects, "Service", "slipway-routing")
+    assert (
+        service["spec"]["selector"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
+        (source_args.port, port["name"])
+    ]
+
+
+def test_gateways_watch_the_source_and_cache_on_a_writable_volume(
+    objects: list[dict[str, Any]],
+    pod_spec: dict[str, Any],
+    container: dict[str, Any],
+    serve_args: argparse.Namespace,
+    settings: GatewayConfig,
+) -> None:
+    source = settings.routing_source
+    url = urllib.parse.urlsplit(source.url)
+    service = find(objects, "Service", "slipway-routing")
+    assert (url.hostname, url.port) == (
+        service["metadata"]["name"],
+        service["spec"]["ports"][0]["port"],
+    )
+    # The cache is written on every change: a writable volume of the pod's own, which a
+    # container restart keeps.
+    (cache,) = [
+        m
+        for m in container["volumeMounts"]
+        if PurePosixPath(m["mountPath"]) == PurePosixPath(source.cache_file).parent
+    ]
+    assert not cache.get("readOnly") and "emptyDir" in volume_of(pod_spec, cache["name"])
+    # No gateway mounts the routing ConfigMap any more: nothing read-only to write to.
+    assert all(
+        volume.get("configMap", {}).get("name") != "slipway-routing"
+        for volume in pod_spec["volumes"]
+    )
+    # Each replica reports the address the controller reaches it at: its pod IP.
+    assert serve_args.advertise_url == f"http://$(POD_IP):{serve_args.rest_port}"
+    (pod_ip,) = [e for e in container["env"] if e["name"] == "POD_IP"]
+    assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
 def test_pods_are_annotated_for_scraping_on_the_metrics_port(
     deployment: dict[str, Any], serve_args: argparse.Namespace
 ) -> None:
@@ -551,7 +636,9 @@ def test_services_budget_and_autoscaler_select_the_gateway_pods(
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     port_names = {port["name"] for port in container["ports"]}
-    services = [o for o in objects if o["kind"] == "Service"]
+    services = [
+        o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] != "slipway-routing"
+    ]
     for service in services:
         assert service["spec"]["selector"].items() <= pod_labels.items()
         assert {port["targetPort"] for port in service["spec"]["ports"]} == port_names

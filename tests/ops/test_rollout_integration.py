@@ -14,8 +14,10 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -76,6 +78,29 @@ class Fleet:
         return GatewayAdmin(self.urls, TOKEN)
 
 
+@contextmanager
+def running_fleet(
+    root: Path, config: Path, analysis: Path, pool: list[dict], **load_options: Any
+) -> Iterator[Fleet]:
+    """Two gateway replicas serving ``root`` with ``config``, Prometheus scraping them, and
+    60 requests/s over ``pool`` (``load_options`` go to ``ClientLoad``)."""
+    env = {**os.environ, TOKEN_ENV: TOKEN}
+    gateways = [GatewayProcess(root, config=config, env=env) for _ in range(2)]
+    try:
+        with ThreadPoolExecutor(len(gateways)) as starting:
+            list(starting.map(lambda gateway: gateway.start(), gateways))
+        with (
+            PrometheusProcess([g.rest_url.removeprefix("http://") for g in gateways]) as prometheus,
+            ClientLoad([g.rest_url for g in gateways], MODEL, pool, rate=60, **load_options) as load,
+        ):  # fmt: skip
+            prometheus.wait_for_targets()
+            yield Fleet(gateways, prometheus, load, config.parent / "routing.yaml", analysis, env)
+    finally:
+        for gateway in gateways:
+            if gateway.process is not None:
+                gateway.__exit__(None, None, None)
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("rollouts")
@@ -89,24 +114,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     analysis = work / "analysis.yaml"
     analysis.write_text(yaml.safe_dump(ANALYSIS))
     (work / "latency-analysis.yaml").write_text(yaml.safe_dump(LATENCY_ANALYSIS))
-    env = {**os.environ, TOKEN_ENV: TOKEN}
-    gateways = [GatewayProcess(root, config=config, env=env) for _ in range(2)]
-    try:
-        with ThreadPoolExecutor(len(gateways)) as pool:
-            list(pool.map(lambda gateway: gateway.start(), gateways))
-        with (
-            PrometheusProcess([g.rest_url.removeprefix("http://") for g in gateways]) as prometheus,
-            ClientLoad(
-                [g.rest_url for g in gateways], MODEL, request_pool(model_factory.signature_json()),
-                rate=60,
-            ) as load,
-        ):  # fmt: skip
-            prometheus.wait_for_targets()
-            yield Fleet(gateways, prometheus, load, config.parent / "routing.yaml", analysis, env)
-    finally:
-        for gateway in gateways:
-            if gateway.process is not None:
-                gateway.__exit__(None, None, None)
+    pool = request_pool(model_factory.signature_json())
+    with running_fleet(root, config, analysis, pool) as fleet:
+        yield fleet
 
 
 @pytest.fixture

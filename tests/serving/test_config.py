@@ -14,6 +14,7 @@ from serving.config import (
     LocalBackend,
     RemoteBackend,
     load_config,
+    with_prediction_log,
 )
 from serving.repository import VersionPolicy
 
@@ -38,6 +39,8 @@ models:
       tls: {ca: certs/ca.pem}
 tls: {cert: certs/server.pem, key: certs/server.key, client_ca: /etc/ca.pem}
 admin: {token_file: secrets/token}
+prediction_log: {directory: logs, sample: 0.1, max_file_bytes: 1024}
+feedback: {max_requests: 10, ttl_s: 60}
 """
 
 
@@ -76,6 +79,9 @@ def test_every_section_is_read_and_paths_are_relative_to_the_file(tmp_path: Path
     assert config.tls.cert == tmp_path / "certs/server.pem"
     assert config.tls.client_ca == Path("/etc/ca.pem")
     assert config.admin.token_file == tmp_path / "secrets/token"
+    assert config.prediction_log.directory == tmp_path / "logs"
+    assert (config.prediction_log.sample, config.prediction_log.max_file_bytes) == (0.1, 1024)
+    assert (config.feedback.max_requests, config.feedback.ttl_s) == (10, 60)
 
 
 def test_the_admin_token_comes_from_a_file_or_the_environment(
@@ -127,3 +133,12 @@ def test_errors_name_the_file_line_and_key(tmp_path: Path, text: str, message: s
 def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="file not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_prediction_log_flags_override_the_file_and_need_a_directory(tmp_path: Path) -> None:
+    config = with_prediction_log(GatewayConfig(), tmp_path / "logs", 0.25)
+    assert config.prediction_log.directory == tmp_path / "logs"
+    assert config.prediction_log.sample == 0.25
+    assert with_prediction_log(config, None, None) == config
+    with pytest.raises(ConfigError, match="--prediction-log-sample.*needs a directory"):
+        with_prediction_log(GatewayConfig(), None, 0.5)

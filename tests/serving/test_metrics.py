@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.metrics import LATENCY_BUCKETS, GatewayMetrics
+from serving.metrics import LATENCY_BUCKETS, STATUS_CODES, GatewayMetrics
 
 
 def families(metrics: GatewayMetrics) -> dict:
@@ -44,6 +44,9 @@ def test_every_contract_metric_is_exposed_with_its_type() -> None:
         "slipway_gateway_shadow_agreement": "histogram",
         "slipway_gateway_shadow_abs_diff": "histogram",
         "slipway_gateway_failovers": "counter",
+        "slipway_gateway_feedback": "counter",
+        "slipway_gateway_feedback_absolute_error": "histogram",
+        "slipway_gateway_prediction_log_records": "counter",
     }
     found = families(metrics)
     # prometheus_client adds a ``_created`` timestamp gauge next to counters and histograms.
@@ -166,3 +169,44 @@ def test_openmetrics_is_served_to_scrapers_that_ask_for_it() -> None:
     plain, plain_type = metrics.render("text/plain")
     assert plain_type.startswith("text/plain")
     assert b"# EOF" not in plain
+
+
+def test_a_version_has_every_request_and_feedback_series_at_zero_before_any_event() -> None:
+    metrics = GatewayMetrics()
+    metrics.create_version_series("digits", 2)
+    for route in ("stable", "canary", "shadow", "explicit"):
+        labels = {"model": "digits", "version": "2", "route": route}
+        for code in STATUS_CODES:
+            for api in ("grpc", "rest"):
+                assert sample(metrics, "slipway_gateway_requests_total", **labels, code=code,
+                              api=api) == 0  # fmt: skip
+        assert sample(metrics, "slipway_gateway_request_seconds_count", **labels) == 0
+    for route in ("stable", "canary", "explicit"):
+        labels = {"model": "digits", "version": "2", "route": route}
+        for outcome in ("correct", "incorrect"):
+            assert sample(metrics, "slipway_gateway_feedback_total", **labels, outcome=outcome) == 0
+        assert sample(metrics, "slipway_gateway_feedback_absolute_error_count", **labels) == 0
+    assert "UNAVAILABLE" in STATUS_CODES and "DEADLINE_EXCEEDED" in STATUS_CODES
+
+
+def test_feedback_is_counted_by_outcome_and_regression_error_summed() -> None:
+    metrics = GatewayMetrics()
+    metrics.observe_feedback("digits", 2, "canary", correct=True)
+    metrics.observe_feedback("digits", 2, "canary", correct=False)
+    metrics.observe_feedback("digits", 2, "canary", correct=False)
+    metrics.observe_absolute_error("digits", 1, "stable", 0.5)
+    metrics.observe_absolute_error("digits", 1, "stable", 1.5)
+    canary = {"model": "digits", "version": "2", "route": "canary"}
+    assert sample(metrics, "slipway_gateway_feedback_total", **canary, outcome="correct") == 1
+    assert sample(metrics, "slipway_gateway_feedback_total", **canary, outcome="incorrect") == 2
+    stable = {"model": "digits", "version": "1", "route": "stable"}
+    assert sample(metrics, "slipway_gateway_feedback_absolute_error_sum", **stable) == 2.0
+    assert sample(metrics, "slipway_gateway_feedback_absolute_error_count", **stable) == 2
+
+
+def test_prediction_log_outcomes_exist_from_the_start() -> None:
+    metrics = GatewayMetrics()
+    for outcome in ("written", "dropped", "failed"):
+        assert sample(metrics, "slipway_gateway_prediction_log_records_total", outcome=outcome) == 0
+    metrics.count_prediction_log("dropped")
+    assert sample(metrics, "slipway_gateway_prediction_log_records_total", outcome="dropped") == 1

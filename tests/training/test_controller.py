@@ -224,10 +224,12 @@ def test_evaluation_points_are_reported_alike_however_often_the_run_is_preempted
     for stop_at in (4, 6, None):
         outcome, reported = train(tmp_path / "interrupted", stop_at)
         interrupted += reported
-        assert outcome.step == stop_at or 12
+        assert outcome.step == (stop_at or 12)
 
     assert [step for step, _, _ in straight] == [4, 8, 12]
     assert [step for step, _, _ in interrupted] == [4, 8, 12]
-    for (_, loss, results), (_, again_loss, again_results) in zip(straight, interrupted):
+    for (_, loss, results), (_, again_loss, again_results) in zip(
+        straight, interrupted, strict=True
+    ):
         assert again_loss == loss
         assert again_results == results

@@ -74,7 +74,9 @@ def train(
         ports = free_ports(workers)
         finish(
             [
-                start_worker(experiment, out, devices, {"TF_CONFIG": tf_config(ports, index)})
+                start_worker(
+                    experiment, out, devices, {"TF_CONFIG": tf_config(ports, index)}, options
+                )
                 for index in range(workers)
             ]
         )
@@ -140,8 +142,9 @@ def test_replicas_read_their_own_examples_and_make_the_one_device_update(
         assert report["validation"]["loss"] == pytest.approx(single["validation"]["loss"], rel=1e-4)
 
 
-def test_replicas_resume_bit_for_bit(tmp_path, dataset):
-    settings = dict(devices=2, model__dropout=0.2, checkpoint__every_steps=4)
+@pytest.mark.parametrize("workers", [1, 2], ids=["mirrored-2", "2-workers-x-2"])
+def test_replicas_resume_bit_for_bit(tmp_path, dataset, workers):
+    settings = dict(devices=2, workers=workers, model__dropout=0.2, checkpoint__every_steps=4)
     straight, _ = train(tmp_path, dataset, "straight", **settings)
     resumed, _ = train(tmp_path, dataset, "resumed", options=("--stop-at", "6"), **settings)
 

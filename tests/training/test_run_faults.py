@@ -58,7 +58,7 @@ def test_workers_die_with_a_killed_supervisor_and_a_live_run_is_never_joined(tmp
     code, output = finish(second)
     assert code == 2, output
     flat = " ".join(output.split())
-    assert f"another slipway train is running in this run directory (pid {supervisor.pid})" in flat
+    assert f"another slipway train is running in this directory (pid {supervisor.pid})" in flat
     assert "Traceback" not in output
 
     supervisor.send_signal(signal.SIGKILL)

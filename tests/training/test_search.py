@@ -28,6 +28,7 @@ from tests.research.test_tuning import EXPERIMENT, MLP, SPACE, write
 from training import cli
 from training.checkpoints import committed_steps
 from training.launcher import HEARTBEAT_ENV, read_heartbeat
+from training.run_lock import RunInUseError, exclusive_run
 from training.search import PROJECT_NAME, plan_search, reported_names, run_search
 from training.search_results import best_experiment
 
@@ -236,6 +237,17 @@ def test_a_finished_search_resumes_without_rerunning_and_refuses_another_space(
     with pytest.raises(ConfigError, match=rf"{out / PROJECT_NAME}: holds a search of another"):
         run_search(project / "tiny_cnn.yaml", other, verbose=0)
     assert json.loads((out / "results.json").read_text())["trials"] == before
+
+
+def test_a_second_search_into_the_same_directory_is_refused_while_one_runs(
+    random_search: dict, project: Path
+) -> None:
+    out = random_search["out"]
+    before = (out / "results.json").read_text()
+    refused = pytest.raises(RunInUseError, match=rf"^{out}: another slipway tune is running")
+    with exclusive_run(out, command="slipway tune"), refused:  # as a live search holds it
+        run_search(project / "tiny_cnn.yaml", random_search["space"], verbose=0)
+    assert (out / "results.json").read_text() == before
 
 
 def test_trials_that_keep_failing_end_the_search_with_their_messages(
