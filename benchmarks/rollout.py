@@ -299,14 +299,6 @@ SCENARIOS = (
 )
 
 
-class SimulatedClock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class SimulatedGateways:
     """Routes nothing: the controller's routing calls succeed and are forgotten."""
 
@@ -327,6 +319,7 @@ class SimulatedTraffic:
     with ``--failover``), land in the gateway's latency buckets from a log-normal, and a
     share of them gets a true label back. The canary's series start at zero when it first
     receives traffic. A measurement sums the whole seconds scraped within its window.
+    ``now`` is the simulated time, which the controller reads through ``clock``.
     """
 
     def __init__(
@@ -344,7 +337,7 @@ class SimulatedTraffic:
             for version, behaviour in self._behaviours.items()
         }
         self._seconds: list[dict[int, Any]] = []
-        self.now = 0.0
+        self.now = 1_700_000_000.0  # simulated seconds: also the controller's clock
 
     def _bucket_shares(self, behaviour: Behaviour, sigma: float) -> Any:
         from scipy import stats as scipy_stats
@@ -402,6 +395,10 @@ class SimulatedTraffic:
             correct=float(sum(second[version][3] for second in seconds)),
         )
 
+    def clock(self) -> float:
+        """The simulated time, in seconds since the epoch."""
+        return self.now
+
     def close(self) -> None:
         pass
 
@@ -415,7 +412,7 @@ def simulate_rollout(scenario: Scenario, seed: int, work: Path) -> dict[str, Any
     from ops.controller import Controller, start_rollout
     from ops.state import RolloutSpec, StateStore, Targets
 
-    clock, gateways = SimulatedClock(), SimulatedGateways()
+    gateways = SimulatedGateways()
     rng = np.random.default_rng(seed)
     traffic = SimulatedTraffic(
         Behaviour(), scenario.canary, scenario.rate, scenario.latency_sigma, rng
@@ -431,15 +428,15 @@ def simulate_rollout(scenario: Scenario, seed: int, work: Path) -> dict[str, Any
         analysis=AnalysisConfig().model_dump(mode="json"),
         targets=Targets(gateways=["http://simulated:8501"]),
     )
+    clock = traffic.clock
     controller = Controller(start_rollout(store, spec, gateways, clock=clock), store, gateways,
                             clock=clock)  # fmt: skip
     controller.tick(traffic)  # pending -> the first step: the canary takes traffic from now
-    live_at, next_tick, analyses = clock.now, clock.now + DEFAULT_INTERVAL_S, 0
-    while not controller.state.terminal and clock.now - live_at < SIM_LIMIT_S:
+    live_at, next_tick, analyses = clock(), clock() + DEFAULT_INTERVAL_S, 0
+    while not controller.state.terminal and clock() - live_at < SIM_LIMIT_S:
         traffic.serve_one_second(controller.state.weight)
-        clock.now += 1.0
-        traffic.now = clock.now
-        if clock.now >= next_tick:
+        traffic.now += 1.0
+        if clock() >= next_tick:
             controller.tick(traffic)
             analyses += 1
             next_tick += DEFAULT_INTERVAL_S
@@ -447,7 +444,7 @@ def simulate_rollout(scenario: Scenario, seed: int, work: Path) -> dict[str, Any
     return {
         "seed": seed,
         "outcome": state.phase.value if state.terminal else "stalled",
-        "seconds": clock.now - live_at,
+        "seconds": clock() - live_at,
         "analyses": analyses,
         "step": state.spec.steps[max(state.step, 0)],
         "reason": state.reason,

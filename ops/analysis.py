@@ -252,13 +252,14 @@ class AnalysisConfig(StrictModel):
     its checks test), and ``failure_limit`` failing analyses in a row roll back (Argo's
     ``failureLimit``, Flagger's ``threshold``): windows overlap, so one unlucky stretch of
     traffic fails several analyses in a row. The defaults were chosen on the simulated
-    rollouts of ``benchmarks/rollout.py``: at 0.99 and 2, no good canary of 1000 rolled
-    back (0.3 % at 0.95 and 2, 0.5 % of 200 at 0.95 and 1), every bad one of the power
-    scenarios did, and a failing canary was out within 10 s; a limit of 3 took 12 s.
+    rollouts of ``benchmarks/rollout.py``: at confidence 0.99 and failure limit 2, no good
+    canary of 1000 rolled back (0.3 % at 0.95 and 2, 0.5 % of 200 at 0.95 and 1), every bad
+    one of the power scenarios did, and a canary failing 20 % of 10 requests a second was
+    out within 8 s of 1 s scrapes (10 s with 50 ``min_requests``, 12 s with a limit of 3).
     """
 
     window: Duration = 30.0
-    min_requests: int = Field(default=50, ge=1)
+    min_requests: int = Field(default=30, ge=1)
     confidence: float = Field(default=0.99, gt=0.5, lt=1)
     failure_limit: int = Field(default=2, ge=1)
     checks: Checks = Checks()

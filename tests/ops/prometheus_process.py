@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 
-from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.registry import Collector
 
 from ops.measurement import MetricsUnavailable
@@ -67,8 +67,7 @@ class _CurrentMetrics(Collector):
         self._gateway = gateway
 
     def collect(self) -> Iterator:
-        yield from self._gateway.metrics.registry.collect()
-        yield from self._gateway.feedback_registry.collect()
+        return self._gateway.metrics.registry.collect()
 
 
 class FakeGateway:
@@ -76,7 +75,6 @@ class FakeGateway:
 
     def __init__(self) -> None:
         self.metrics = GatewayMetrics()
-        self._new_feedback()
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_CurrentMetrics(self))
         self._server = None
@@ -129,23 +127,11 @@ class FakeGateway:
     ) -> None:
         """Labels received for a version's predictions (the series exist from then on)."""
         for outcome, count in (("correct", correct), ("incorrect", incorrect)):
-            self.feedback.labels(model, str(version), route, outcome).inc(count)
+            self.metrics.feedback.labels(model, str(version), route, outcome).inc(count)
 
     def restart_counters(self) -> None:
         """Drop every series, like a gateway process that restarted."""
         self.metrics = GatewayMetrics()
-        self._new_feedback()
-
-    def _new_feedback(self) -> None:
-        """``slipway_gateway_feedback_total{model,version,route,outcome}``, by its contract
-        with the gateway's feedback API (kept here so these tests need only the name)."""
-        self.feedback_registry = CollectorRegistry(auto_describe=False)
-        self.feedback = Counter(
-            "slipway_gateway_feedback",
-            "Predictions whose true label came back, by whether top-1 matched it.",
-            ("model", "version", "route", "outcome"),
-            registry=self.feedback_registry,
-        )
 
     def stop(self) -> None:
         if self._server is not None:

@@ -97,7 +97,7 @@ def test_a_blip_on_few_requests_neither_fails_nor_passes() -> None:
     # half of 10 canary requests failed: alarming, but 10 < min_requests
     verdict = judge(measure(side(1, 10_000, 50), side(2, 10, 5)), DEFAULT)
     assert verdict.outcome == "inconclusive"
-    assert "10 of 50 canary requests" in verdict.message
+    assert "10 of 30 canary requests" in verdict.message
     assert all(result.passed is None for result in verdict.checks)
     # and a perfect blip does not pass either
     assert judge(measure(side(1, 10_000, 50), side(2, 10)), DEFAULT).outcome == "inconclusive"
@@ -241,7 +241,7 @@ def test_shadow_agreement_judges_a_canary_that_only_receives_mirrored_traffic() 
     assert "below min 95.00%" in failing.message
     few = judge(measure(stable, canary, agreement=0.5, compared=20), DEFAULT)
     assert few.outcome == "inconclusive"
-    assert "20 of 50 shadow comparisons" in few.message
+    assert "20 of 30 shadow comparisons" in few.message
 
 
 def test_a_few_trailing_shadow_comparisons_do_not_hold_a_progressing_canary() -> None:
@@ -350,7 +350,7 @@ def test_a_latency_baseline_needs_min_requests_stable_observations() -> None:
 
 def test_messages_show_whole_request_counts() -> None:
     verdict = judge(measure(side(1, 10_000.4, 50), side(2, 28.245)), DEFAULT)
-    assert "28 of 50 canary requests" in verdict.message
+    assert "28 of 30 canary requests" in verdict.message
     passing = judge(measure(side(1, 10_000.4, 50), side(2, 1000.6)), DEFAULT)
     assert passing.message == "all checks passed on 1001 canary requests"
 
@@ -361,7 +361,7 @@ def test_messages_show_whole_request_counts() -> None:
 def test_no_file_means_the_defaults() -> None:
     config = load_analysis(None)
     assert config == AnalysisConfig()
-    assert (config.window, config.min_requests, config.confidence) == (30.0, 50, 0.99)
+    assert (config.window, config.min_requests, config.confidence) == (30.0, 30, 0.99)
     assert config.failure_limit == 2
     assert config.checks.error_rate.max == 0.05
     assert config.checks.latency_p99.max_ratio == 1.2
@@ -460,6 +460,7 @@ def test_default_queries_name_series_the_gateway_exports() -> None:
     metrics.observe_request("m", 1, "canary", "OK", "rest", 0.01)
     metrics.observe_shadow("m", 2, "OK", agreement=1.0, abs_diff=0.0)
     metrics.observe_failover("m", 2, 1)
+    metrics.observe_feedback("m", 1, "canary", correct=True)
     body, _ = metrics.render()
     exported = {
         sample.name
@@ -472,7 +473,5 @@ def test_default_queries_name_series_the_gateway_exports() -> None:
         for field in type(queries).model_fields
         for name in re.findall(r"slipway_[a-z_]+", getattr(queries, field))
     }
-    # The feedback counter (per version, outcome correct/incorrect) comes with the gateway's
-    # feedback API; the queries read it by this name, the scraper too (ops.scrape.FEEDBACK).
     assert "slipway_gateway_feedback_total" in named
-    assert named - {"slipway_gateway_feedback_total"} <= exported
+    assert named <= exported
