@@ -279,8 +279,8 @@ SCENARIOS = (
     Scenario("A/A: canary identical to stable", Behaviour(), "no_rollback"),
     Scenario("errors +2 points over 1 %", Behaviour(error_rate=0.03), "rollback"),
     Scenario("latency 1.5x", Behaviour(latency_factor=1.5), "rollback"),
-    # A narrower profile whose p99 (32 ms -> 48 ms) stays inside the gateway's (25, 50] ms
-    # bucket: PromQL's interpolation there reads 42 ms -> 50 ms, within 1.2 x + 5 ms.
+    # A narrower profile, whose p99 (32 ms -> 48 ms) stayed inside one bucket when the
+    # gateway's bounds were 2-2.5x apart (25, 50 ms): read there as 42 ms -> 50 ms.
     Scenario(
         "latency 1.5x, p99 inside one bucket",
         Behaviour(latency_factor=1.5),
