@@ -45,6 +45,7 @@ bench: install
 	$(BIN)/python -m benchmarks.compression
 	$(BIN)/python -m benchmarks.serving
 	$(BIN)/python -m benchmarks.rollout
+	$(BIN)/python -m benchmarks.routing
 
 lint: install
 	$(BIN)/ruff check .
