@@ -7,15 +7,14 @@ TensorFlow load when the command runs.
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 from typing import Any
 
 from serving import routing_cli
+from serving.log_options import add_log_level, configure_logging
 
 DEFAULT_GRPC_PORT = 8500
 DEFAULT_REST_PORT = 8501
-LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -81,12 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Fraction of answered requests to log, chosen by request id, from 0 to 1. "
         "Default: 0 (off), or prediction_log.sample in the config.",
     )
-    serve.add_argument(
-        "--log-level",
-        default="info",
-        choices=LOG_LEVELS,
-        help="Least severe log messages written to standard error. Default: %(default)s.",
-    )
+    add_log_level(serve)
     serve.add_argument(
         "--advertise-url",
         metavar="URL",
@@ -114,9 +108,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from serving.config import load_config, with_prediction_log
     from serving.server import GatewayServer, serve
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     config = with_prediction_log(
         load_config(args.config), args.prediction_log_dir, args.prediction_log_sample
     )

@@ -7,10 +7,11 @@ never imports TensorFlow: it holds one table and starts in well under a second.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from pathlib import Path
 from typing import Any
+
+from serving.log_options import add_log_level, configure_logging
 
 DEFAULT_PORT = 8600
 DEFAULT_TOKEN_ENV = "SLIPWAY_ADMIN_TOKEN"
@@ -42,8 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--token-env", default=DEFAULT_TOKEN_ENV, metavar="VAR",
                        help="environment variable holding the admin bearer token, the "
                        "gateways' own (default: %(default)s)")  # fmt: skip
-    serve.add_argument("--log-level", default="info",
-                       choices=("debug", "info", "warning", "error"))  # fmt: skip
+    add_log_level(serve)
     serve.set_defaults(handler=run_routing_serve)
 
 
@@ -54,9 +54,7 @@ def run_routing_serve(args: argparse.Namespace) -> int:
     from serving.routing import load_routing
     from serving.routing_service import serve_source
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     token = os.environ.get(args.token_env, "").strip()
     if not token:
         raise ConfigError(f"--token-env: environment variable {args.token_env} is not set")
