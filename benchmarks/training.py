@@ -19,24 +19,21 @@ run, so the figures that matter are ratios, not absolute times on a shared machi
    least 3x, i.e. training is never input-bound).
 
 Throughput is steady state only: everything first trains ``warmup_steps`` (tracing, the
-shuffle buffer, the first epoch into the cache). Comparisons 1 and 2 build their set-ups
-(the trainer, the trainer in float32, ``fit``'s own train function) in one process and
-time them in alternating blocks of executions, so a change in the machine's load falls
-on all of them alike; their ratio is the median of the ratios of blocks run next to
-each other. Comparisons 3 and 5 need whole runs (checkpoints are the
-controller's); those are timed from the marks the trainer logs after every execution,
-each run's figure is its best span of 100 steps (holding exactly one save when
-checkpointing every 100 steps), and each keeps its best of several rounds, run in
-alternating order. Rates are given per second and per CPU second of this process: the
-second moves much less when the machine's load does, and a goal counts as met or missed
-only when both agree.
+shuffle buffer, the first epoch into the cache). Comparisons 1 to 3 build their set-ups
+(the trainer, the trainer in float32, the trainer with the controller's checkpoint every
+100 steps, ``fit``'s own train function) in one process and time them in alternating
+blocks of 100 steps, so a change in the machine's load falls on all of them alike and
+every block of the checkpointing set-up holds exactly one save; a ratio is the median of
+the ratios of blocks run next to each other. The input pipeline (5) is iterated alone,
+its best of several rounds. Rates are given per second and per CPU second of this
+process: the second moves much less when the machine's load does, and a goal counts as
+met or missed only when both agree.
 
 Results are printed as a table and written to ``benchmarks/results/training.json``.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import io
 import json
@@ -47,7 +44,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,10 +59,6 @@ AUTO_GOAL = 1.0  # auto picks the fastest candidate here; float32 is one
 CHECKPOINT_GOAL = 0.95
 PIPELINE_GOAL = 3.0
 CHECKPOINT_EVERY = 100
-WINDOW_STEPS = CHECKPOINT_EVERY  # throughput is the best span of this many steps
-# Side by side: blocks this long (whole executions), at least this many per side.
-BLOCK_SECONDS = 0.5
-MIN_BLOCKS = 20
 # Under the supervisor: checkpoint often and kill after the first one, so the restarted
 # group really restores a checkpoint before its first step.
 RESTART_CHECKPOINT_EVERY = 20
@@ -92,9 +85,9 @@ WORKLOADS = (
 
 @dataclass(frozen=True)
 class Sizes:
-    rounds: int
+    rounds: int  # of the input pipeline alone
     warmup_steps: int  # a multiple of every experiment's steps_per_execution
-    measured_steps: dict[str, int]  # whole hundreds, per workload
+    blocks: int  # side by side: blocks of CHECKPOINT_EVERY steps per set-up
     pipeline_seconds: float
     restart_workloads: tuple[str, ...]
 
@@ -102,14 +95,14 @@ class Sizes:
 FULL = Sizes(
     rounds=3,
     warmup_steps=52,
-    measured_steps={"transformer": 200, "cnn": 400},
+    blocks=16,
     pipeline_seconds=5.0,
     restart_workloads=("cnn", "transformer"),
 )
 QUICK = Sizes(
     rounds=1,
     warmup_steps=20,
-    measured_steps={"transformer": 100, "cnn": 200},
+    blocks=5,
     pipeline_seconds=2.0,
     restart_workloads=("cnn",),
 )
@@ -159,81 +152,7 @@ def experiment(
     return ExperimentConfig.model_validate(config)
 
 
-# --- steady-state throughput -----------------------------------------------------------
-
-
-class CpuClock:
-    """This process's CPU seconds (all threads) sampled against wall-clock time.
-
-    Other work on a shared machine changes how much CPU a run gets from one minute to
-    the next, so wall-clock rates drift; CPU seconds per example move much less. Sampled
-    from a background thread because the trainer's loop offers no hook, then
-    interpolated at the wall-clock marks each run records.
-    """
-
-    def __init__(self, interval: float = 0.02) -> None:
-        self._interval = interval
-        self._samples: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, name="cpu-clock", daemon=True)
-
-    def _sample(self) -> None:
-        while True:
-            self._samples.append((time.time(), time.process_time()))
-            if self._stop.wait(self._interval):
-                return
-
-    def __enter__(self) -> CpuClock:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._samples.append((time.time(), time.process_time()))
-
-    def at(self, wall: float) -> float:
-        """CPU seconds used by ``wall`` (linear between the samples either side)."""
-        samples = self._samples
-        index = bisect.bisect_left(samples, (wall, -1.0))
-        if index == 0 or index == len(samples):
-            raise ValueError(f"no CPU samples around time {wall}")
-        (wall0, cpu0), (wall1, cpu1) = samples[index - 1], samples[index]
-        return cpu0 + (cpu1 - cpu0) * (wall - wall0) / max(wall1 - wall0, 1e-9)
-
-
-def steady_rates(
-    marks: Sequence[tuple[int, float]], start_step: int, batch_size: int, clock: CpuClock
-) -> dict[str, float]:
-    """Steady-state throughput from ``(steps completed, wall-clock time)`` marks taken
-    after each execution, counting only steps after ``start_step``.
-
-    Over every span of ``WINDOW_STEPS`` steps (sliding one execution at a time) the best
-    examples per second and the best examples per CPU second. A span of a multiple of
-    100 steps always contains the same number of checkpoints (each is saved just after
-    the mark of a multiple of 100).
-    """
-    after = [(step, at) for step, at in marks if step >= start_step]
-    spans = [
-        (first, next((last for last in after if last[0] - first[0] >= WINDOW_STEPS), None))
-        for first in after
-    ]
-    spans = [(first, last) for first, last in spans if last is not None]
-    if not spans:
-        raise RuntimeError(
-            f"need at least {WINDOW_STEPS} steps after step {start_step} to time, got {after}"
-        )
-
-    def rates(first: tuple[int, float], last: tuple[int, float]) -> tuple[float, float]:
-        examples = (last[0] - first[0]) * batch_size
-        cpu = clock.at(last[1]) - clock.at(first[1])
-        return examples / max(last[1] - first[1], 1e-9), examples / max(cpu, 1e-9)
-
-    windows = [rates(first, last) for first, last in spans]
-    return {
-        "examples_per_second": max(wall for wall, _ in windows),
-        "examples_per_cpu_second": max(cpu for _, cpu in windows),
-    }
+# --- set-ups timed side by side ------------------------------------------------------
 
 
 def run_records(run_dir: Path) -> list[dict[str, Any]]:
@@ -243,32 +162,6 @@ def run_records(run_dir: Path) -> list[dict[str, Any]]:
     except FileNotFoundError:
         return []
     return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def trainer_marks(run_dir: Path) -> list[tuple[int, float]]:
-    """The ``(step, time)`` of every training record the trainer logged."""
-    return [
-        (int(record["step"]), float(record["time"]))
-        for record in run_records(run_dir)
-        if record.get("kind") == "train"
-    ]
-
-
-def run_trainer(config: Any, warmup_steps: int) -> dict[str, Any]:
-    """Train with ``training.run.train`` as ``slipway train`` does; its steady examples/s."""
-    import tf_keras as keras
-
-    from research.experiments.task import ExperimentTask
-    from training.run import train
-
-    keras.backend.clear_session()
-    with CpuClock() as clock:
-        outcome = train(ExperimentTask(config), export=False, progress=False)
-    if outcome.exit_code != 0:
-        raise RuntimeError(f"the trainer exited with code {outcome.exit_code}")
-    marks = trainer_marks(config.run_path)
-    rates = steady_rates(marks, warmup_steps, config.data.batch_size, clock)
-    return {**rates, "precision": outcome.precision}
 
 
 def fit_train_function(config: Any) -> tuple[Callable[[], Any], str]:
@@ -329,9 +222,12 @@ def fit_train_function(config: Any) -> tuple[Callable[[], Any], str]:
     return lambda: float(train_function(iterator)["loss"]), precision
 
 
-def trainer_execution(config: Any) -> tuple[Callable[[], Any], str]:
-    """One execution of the trainer, built as ``slipway train`` builds it, and its precision."""
+def trainer_execution(config: Any, stack: contextlib.ExitStack) -> tuple[Callable[[], Any], str]:
+    """One execution of the trainer, built as ``slipway train`` builds it, and its
+    precision; with ``checkpoint.every_steps`` set, followed by the controller's save
+    when one is due (the checks and the write it makes in a run)."""
     from research.experiments.task import ExperimentTask
+    from training.controller import Controller
     from training.distribution import WorkerRole, choose_strategy
     from training.precision_probe import choose_for_task
     from training.trainer import Trainer
@@ -341,7 +237,15 @@ def trainer_execution(config: Any) -> tuple[Callable[[], Any], str]:
     role = WorkerRole(index=0, count=1)
     trainer = Trainer(task, choose_strategy(role), role, precision=precision)
     updates = config.training.steps_per_execution
-    return lambda: trainer.train(updates, stop_requested=False), precision
+    if config.checkpoint.every_steps is None:
+        return lambda: trainer.train(updates, stop_requested=False), precision
+    controller = stack.enter_context(Controller(trainer, eval_every_steps=None, progress=False))
+
+    def execute_and_checkpoint() -> None:
+        trainer.train(updates, stop_requested=False)
+        controller.save()
+
+    return execute_and_checkpoint, precision
 
 
 def run_side_by_side(
@@ -350,28 +254,24 @@ def run_side_by_side(
     updates: int,
     batch_size: int,
     sizes: Sizes,
-    measured_steps: int,
 ) -> dict[str, dict[str, Any]]:
     """Executions of several set-ups in one process, timed in alternating blocks.
 
     Run one after the other, two identical configurations differ by as much as a goal
-    (the machine's load moves between runs); alternating blocks of about
-    ``BLOCK_SECONDS`` exposes every side to the same moments. Blocks of the same index
-    ran next to each other, so their ratio is one paired measurement; the comparisons
-    take the median of those ratios, which a burst of other work in one block cannot
-    move. Each side's best block is reported too.
+    (the machine's load moves between runs); alternating blocks exposes every set-up to
+    the same moments. A block is ``CHECKPOINT_EVERY`` steps, so a set-up that
+    checkpoints saves exactly once in each. Blocks of the same index ran next to each
+    other, so their ratio is one paired measurement; the comparisons take the median of
+    those ratios, which a burst of other work in one block cannot move.
     """
-    warmup = max(1, sizes.warmup_steps // updates)
-    seconds_per_execution = 0.0
+    if CHECKPOINT_EVERY % updates:
+        raise ValueError(f"steps_per_execution {updates} does not divide {CHECKPOINT_EVERY}")
+    block = CHECKPOINT_EVERY // updates
     for run, _ in sides.values():  # tracing, the shuffle buffer, the cache
-        for _ in range(warmup):
-            started = time.perf_counter()
+        for _ in range(max(1, sizes.warmup_steps // updates)):
             run()
-        seconds_per_execution = max(seconds_per_execution, time.perf_counter() - started)
-    block = max(1, round(BLOCK_SECONDS / seconds_per_execution))
-    blocks = max(MIN_BLOCKS, measured_steps * sizes.rounds // (block * updates))
     timings: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
-    for index in range(blocks):
+    for index in range(sizes.blocks):
         order = list(sides) if index % 2 == 0 else list(sides)[::-1]
         for name in order:
             run = sides[name][0]
@@ -379,7 +279,7 @@ def run_side_by_side(
             for _ in range(block):
                 run()
             timings[name].append((time.perf_counter() - wall, time.process_time() - cpu))
-    examples = block * updates * batch_size
+    examples = CHECKPOINT_EVERY * batch_size
     results: dict[str, dict[str, Any]] = {}
     for name, blocks_timed in timings.items():
         rates = {
@@ -394,28 +294,34 @@ def run_side_by_side(
 def bench_side_by_side(
     workload: Workload, dataset: Path, workdir: Path, sizes: Sizes
 ) -> dict[str, dict[str, Any]]:
-    """The trainer in ``precision: auto``, the trainer in float32 and ``fit`` (in auto's
-    precision), side by side."""
+    """The trainer in ``precision: auto``, the same in float32, the same checkpointing
+    every ``CHECKPOINT_EVERY`` steps, and ``fit`` (in auto's precision), side by side."""
     import tf_keras as keras
 
     keras.backend.clear_session()
     steps = 1_000_000  # never reached: only the learning-rate schedule depends on it
-    auto = experiment(workload, dataset, workdir / f"{workload.name}-auto", steps=steps)
-    float32 = experiment(
-        workload, dataset, workdir / f"{workload.name}-float32", steps=steps, precision="float32"
-    )
-    sides = {
-        "side_by_side_trainer": trainer_execution(auto),
-        "side_by_side_float32": trainer_execution(float32),
-        "fit": fit_train_function(auto),
-    }
-    return run_side_by_side(
-        sides,
-        updates=auto.training.steps_per_execution,
-        batch_size=auto.data.batch_size,
-        sizes=sizes,
-        measured_steps=sizes.measured_steps[workload.name],
-    )
+
+    def config(name: str, **settings: Any) -> Any:
+        return experiment(
+            workload, dataset, workdir / f"{workload.name}-{name}", steps=steps, **settings
+        )
+
+    auto = config("auto")
+    with contextlib.ExitStack() as stack:
+        sides = {
+            "trainer": trainer_execution(auto, stack),
+            "float32": trainer_execution(config("float32", precision="float32"), stack),
+            "checkpoint": trainer_execution(
+                config("checkpoint", checkpoint_every=CHECKPOINT_EVERY), stack
+            ),
+            "fit": fit_train_function(auto),
+        }
+        return run_side_by_side(
+            sides,
+            updates=auto.training.steps_per_execution,
+            batch_size=auto.data.batch_size,
+            sizes=sizes,
+        )
 
 
 def run_pipeline(config: Any, seconds: float) -> dict[str, Any]:
@@ -448,7 +354,6 @@ def run_pipeline(config: Any, seconds: float) -> dict[str, Any]:
 
 # --- the side-by-side rounds -----------------------------------------------------------
 
-VARIANTS = ("trainer", "checkpoint", "pipeline")  # run one after the other
 RATES = ("examples_per_second", "examples_per_cpu_second")
 
 
@@ -462,16 +367,8 @@ class Comparison:
 
 
 COMPARISONS = (
-    Comparison(
-        "trainer_vs_fit", "1. trainer vs model.fit", "side_by_side_trainer", "fit", FIT_GOAL
-    ),
-    Comparison(
-        "auto_vs_float32",
-        "2. precision auto vs float32",
-        "side_by_side_trainer",
-        "side_by_side_float32",
-        AUTO_GOAL,
-    ),
+    Comparison("trainer_vs_fit", "1. trainer vs model.fit", "trainer", "fit", FIT_GOAL),
+    Comparison("auto_vs_float32", "2. precision auto vs float32", "trainer", "float32", AUTO_GOAL),
     Comparison(
         "checkpoint_vs_none",
         "3. checkpoint /100 steps vs none",
@@ -489,62 +386,46 @@ COMPARISONS = (
 )
 
 
-def measure_variant(
-    variant: str, workload: Workload, dataset: Path, run_dir: Path, sizes: Sizes
-) -> dict[str, Any]:
-    steps = sizes.warmup_steps + sizes.measured_steps[workload.name]
-    checkpoint_every = CHECKPOINT_EVERY if variant == "checkpoint" else None
-    config = experiment(workload, dataset, run_dir, steps=steps, checkpoint_every=checkpoint_every)
-    if variant == "pipeline":
-        return run_pipeline(config, sizes.pipeline_seconds)
-    return run_trainer(config, sizes.warmup_steps)
+def bench_pipeline(workload: Workload, dataset: Path, workdir: Path, sizes: Sizes) -> dict:
+    """The input pipeline alone, ``sizes.rounds`` times; its best round."""
+    config = experiment(workload, dataset, workdir / f"{workload.name}-pipeline", steps=1)
+    figures: dict[str, Any] = {rate: [] for rate in RATES}
+    for round_index in range(sizes.rounds):
+        result = run_pipeline(config, sizes.pipeline_seconds)
+        for rate in RATES:
+            figures[rate].append(round(result[rate], 1))
+        print(
+            f"  {workload.name:<11} round {round_index + 1}/{sizes.rounds} input pipeline"
+            f" {result['examples_per_second']:>9,.0f} examples/s",
+            flush=True,
+        )
+    figures["precision"] = ""
+    figures["best"] = {rate: max(figures[rate]) for rate in RATES}
+    return figures
 
 
 def bench_workload(
     workload: Workload, dataset: Path, workdir: Path, sizes: Sizes
 ) -> dict[str, Any]:
-    """Every variant ``sizes.rounds`` times, alternating; each keeps its best round."""
-    variants: dict[str, dict[str, Any]] = {
-        variant: {rate: [] for rate in RATES} for variant in VARIANTS
-    }
-    for round_index in range(sizes.rounds):
-        order = VARIANTS if round_index % 2 == 0 else VARIANTS[::-1]
-        for variant in order:
-            run_dir = workdir / f"{workload.name}-{variant}-{round_index}"
-            started = time.perf_counter()
-            result = measure_variant(variant, workload, dataset, run_dir, sizes)
-            seconds = time.perf_counter() - started
-            variants[variant]["precision"] = result["precision"]
-            for rate in RATES:
-                variants[variant][rate].append(round(result[rate], 1))
-            print(
-                f"  {workload.name:<11} round {round_index + 1}/{sizes.rounds} {variant:<10}"
-                f" {result['examples_per_second']:>8,.0f} examples/s"
-                f" {result['examples_per_cpu_second']:>8,.0f} per CPU second"
-                f" {result['precision'] or 'input only':<14} ({seconds:.0f} s)",
-                flush=True,
-            )
-    for figures in variants.values():
-        figures["best"] = {rate: max(figures[rate]) for rate in RATES}
-    print(f"  {workload.name:<11} trainer, float32 trainer and fit side by side ...", flush=True)
-    variants.update(bench_side_by_side(workload, dataset, workdir, sizes))
+    """The set-ups side by side, then the input pipeline alone."""
+    print(f"  {workload.name:<11} trainer, float32, checkpointing and fit side by side ...")
+    variants = bench_side_by_side(workload, dataset, workdir, sizes)
+    variants["pipeline"] = bench_pipeline(workload, dataset, workdir, sizes)
     comparisons = {}
     for comparison in COMPARISONS:
         measured, baseline = variants[comparison.measured], variants[comparison.baseline]
         outcome: dict[str, Any] = {"goal": comparison.goal}
         paired = measured.get("paired", False) and baseline.get("paired", False)
         for key, rate in zip(("ratio", "cpu_ratio"), RATES, strict=True):
-            # Each round's (or pair of blocks') own ratio: the spread shows the noise.
-            by_round = [
-                _ratio(top, bottom)
-                for top, bottom in zip(measured[rate], baseline[rate], strict=True)
-            ]
-            outcome[f"{key}_by_round"] = by_round
-            outcome[key] = (
-                round(statistics.median(by_round), 3)
-                if paired
-                else _ratio(measured["best"][rate], baseline["best"][rate])
-            )
+            if paired:  # each pair of blocks' own ratio; the spread shows the noise
+                by_block = [
+                    _ratio(top, bottom)
+                    for top, bottom in zip(measured[rate], baseline[rate], strict=True)
+                ]
+                outcome[f"{key}_by_block"] = by_block
+                outcome[key] = round(statistics.median(by_block), 3)
+            else:
+                outcome[key] = _ratio(measured["best"][rate], baseline["best"][rate])
         outcome["verdict"] = verdict(outcome)
         comparisons[comparison.key] = outcome
     config = experiment(workload, dataset, workdir, steps=1)  # for its settings
@@ -553,7 +434,8 @@ def bench_workload(
         "batch_size": config.data.batch_size,
         "steps_per_execution": config.training.steps_per_execution,
         "warmup_steps": sizes.warmup_steps,
-        "measured_steps": sizes.measured_steps[workload.name],
+        "blocks": sizes.blocks,
+        "block_steps": CHECKPOINT_EVERY,
         "variants": variants,
         "comparisons": comparisons,
     }
@@ -744,9 +626,9 @@ def _restart_row(name: str, restart: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def _ratio_cell(outcome: Mapping[str, Any], key: str) -> str:
-    """The ratio of the best rates, with the range of the rounds' own ratios."""
-    by_round = outcome[f"{key}_by_round"]
-    spread = f" ({_times(min(by_round))}-{_times(max(by_round))})" if len(by_round) > 1 else ""
+    """The ratio, with the range of the paired blocks' own ratios where there are some."""
+    by_block = outcome.get(f"{key}_by_block", [])
+    spread = f" ({_times(min(by_block))}-{_times(max(by_block))})" if by_block else ""
     return f"{_times(outcome[key])}x{spread}"
 
 
@@ -765,7 +647,7 @@ def print_table(results: Mapping[str, Any]) -> None:
     if not console.is_terminal:
         console = Console(width=180)
     quick = " (quick)" if results["quick"] else ""
-    table = Table(title=f"Slipway trainer benchmarks{quick}, best of {results['rounds']} round(s)")
+    table = Table(title=f"Slipway trainer benchmarks{quick}")
     for column in COLUMNS:
         table.add_column(column)
     workloads = results["workloads"]
@@ -805,12 +687,12 @@ def print_table(results: Mapping[str, Any]) -> None:
         f"(precision auto candidates: {', '.join(machine['precision_auto_candidates'])}); "
         "load average "
         f"{machine['load_average'][0]:.1f} at the start, "
-        f"{machine['load_average_end'][0]:.1f} at the end. 'ratio' compares the best examples "
-        "per second, 'per CPU s' the best examples per CPU second of this process (steadier "
-        "when other work shares the machine), in brackets the range of each round's own "
-        "ratio (for 1 and 2, timed side by side, the ratio is the median of those of blocks run "
-        "next to each other, in brackets their range); a goal is met or "
-        "missed when both ratios agree, unclear when they do not.",
+        f"{machine['load_average_end'][0]:.1f} at the end. 1 to 3 are timed side by side in "
+        f"{results['blocks']} blocks of 100 steps: 'ratio' is the median ratio of examples per "
+        "second of blocks run next to each other, 'per CPU s' the same per CPU second of this "
+        "process (steadier when other work shares the machine), in brackets their range; 5 "
+        "compares the best rounds. A goal is met or missed when both ratios agree, unclear "
+        "when they do not.",
         soft_wrap=True,
     )
 
@@ -841,6 +723,7 @@ def run(quick: bool, output: Path) -> dict[str, Any]:
     results: dict[str, Any] = {
         "quick": quick,
         "rounds": sizes.rounds,
+        "blocks": sizes.blocks,
         "machine": training_machine_info(),
     }
     with tempfile.TemporaryDirectory(prefix="slipway-bench-training-") as tmp:

@@ -167,11 +167,11 @@ class Controller:
                 self._log_execution(step, execution, examples / max(busy, 1e-9))
                 if execution.stop_requested:
                     skipping = trainer.consecutive_nonfinite > 0
-                    saved = self._save(force=True) and not skipping
+                    saved = self.save(force=True) and not skipping
                     what = "checkpoint saved" if saved else "no checkpoint saved (not finite)"
                     self.log.event(step, f"preempted ({flag.signal_name or 'peer'}); {what}")
                     return self._outcome(EXIT_PREEMPTED, examples, busy, restores)
-                if not (self._finite_enough() and self._save() and self._sound_at_end(end)):
+                if not (self._finite_enough() and self.save() and self._sound_at_end(end)):
                     restores += 1
                     if restores > self.task.config.training.nonfinite.max_restores:
                         self.log.event(step, "loss keeps diverging; giving up")
@@ -179,7 +179,7 @@ class Controller:
                     continue
                 if self._evaluates_at(step):
                     self._evaluate_and_report(on_evaluation)
-            self._save(force=True)
+            self.save(force=True)
             outcome = self._outcome(EXIT_OK, examples, busy, restores)
             outcome.weights_sha256 = weights_digest(trainer.model)
             return outcome
@@ -222,7 +222,7 @@ class Controller:
         )
 
     # -- checkpoints -----------------------------------------------------------------
-    def _save(self, *, force: bool = False) -> bool:
+    def save(self, *, force: bool = False) -> bool:
         """Checkpoint when due; False when the state turned out poisoned and the run went
         back to its last checkpoint instead.
 
