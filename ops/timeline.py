@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,25 @@ MILESTONES = {
 PROMOTED = frozenset({"promoting", "succeeded"})
 
 
+@dataclass(frozen=True)
+class MetricPanel:
+    """One panel of per-side numbers from the analysis events, with its check's limit."""
+
+    key: str  # in each side's numbers
+    scale: float  # to the unit shown
+    check: str  # whose limit is drawn
+    label: str
+    always: bool  # drawn even when no analysis has the number
+
+
+METRIC_PANELS = (
+    MetricPanel("error_rate", 100, "error_rate", "error rate (%)", always=True),
+    MetricPanel("p99_ms", 1, "latency_p99", "p99 latency (ms)", always=True),
+    # Only rollouts whose clients send labels back have one.
+    MetricPanel("accuracy", 100, "accuracy", "live accuracy (%)", always=False),
+)
+
+
 def render_timeline(events: Sequence[Event], path: Path, *, title: str | None = None) -> Path:
     """Write the timeline PNG of one rollout's events to ``path`` and return it."""
     import matplotlib.pyplot as plt
@@ -48,7 +68,8 @@ def render_timeline(events: Sequence[Event], path: Path, *, title: str | None = 
 
 def draw_timeline(events: Sequence[Event], *, title: str | None = None) -> Figure:
     """The timeline figure: the new version's share of traffic (100 % once promoted, 0 %
-    once rolled back), each side's error rate and p99 with the checks' limits, verdicts."""
+    once rolled back), each side's error rate, p99 and (when labels came back) live
+    accuracy with the checks' limits, verdicts."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,9 +79,15 @@ def draw_timeline(events: Sequence[Event], *, title: str | None = None) -> Figur
         raise ValueError("no events to draw: the rollout has not started")
     start = events[0].at
     analyses = [event for event in events if event.kind == "analysis"]
-    figure, (weights, errors, latency) = plt.subplots(
-        3, 1, sharex=True, figsize=(10, 7.5), constrained_layout=True
-    )
+    panels = [
+        panel
+        for panel in METRIC_PANELS
+        if panel.always or any(_has(event, panel.key) for event in analyses)
+    ]
+    figure, (weights, *metric_axes) = plt.subplots(
+        1 + len(panels), 1, sharex=True, figsize=(10, 2.5 * (1 + len(panels))),
+        constrained_layout=True,
+    )  # fmt: skip
     times = [event.at - start for event in events]
     weights.step(times, [share(event) for event in events], where="post", color="tab:blue")
     for outcome, (marker, colour) in VERDICT_STYLES.items():
@@ -78,28 +105,23 @@ def draw_timeline(events: Sequence[Event], *, title: str | None = None) -> Figur
     weights.legend(loc="upper left", fontsize="small", ncols=4)
 
     seconds = [event.at - start for event in analyses]
-    for side, colour in (("stable", "tab:blue"), ("canary", "tab:red")):
-        errors.plot(seconds, [_number(event, side, "error_rate", 100) for event in analyses],
-                    marker=".", color=colour, label=side)  # fmt: skip
-        latency.plot(seconds, [_number(event, side, "p99_ms", 1) for event in analyses],
-                     marker=".", color=colour, label=side)  # fmt: skip
-    for axes, check, scale in ((errors, "error_rate", 100), (latency, "latency_p99", 1)):
-        limits = [check_limit(event, check, scale) for event in analyses]
+    for axes, panel in zip(metric_axes, panels, strict=True):
+        for side, colour in (("stable", "tab:blue"), ("canary", "tab:red")):
+            values = [_number(event, side, panel.key, panel.scale) for event in analyses]
+            axes.plot(seconds, values, marker=".", color=colour, label=side)
+        limits = [check_limit(event, panel.check, panel.scale) for event in analyses]
         if any(not math.isnan(limit) for limit in limits):
             axes.step(seconds, limits, where="mid", color="tab:gray", linestyle=":",
-                      label=f"{check} limit")  # fmt: skip
-    errors.set_ylabel("error rate (%)")
-    errors.set_ylim(bottom=0)
-    errors.legend(loc="upper left", fontsize="small")
-    latency.set_ylabel("p99 latency (ms)")
-    latency.set_ylim(bottom=0)
-    latency.set_xlabel("seconds since the rollout started")
-    latency.legend(loc="upper left", fontsize="small")
+                      label=f"{panel.check} limit")  # fmt: skip
+        axes.set_ylabel(panel.label)
+        axes.set_ylim(bottom=0)
+        axes.legend(loc="upper left", fontsize="small")
+    metric_axes[-1].set_xlabel("seconds since the rollout started")
 
     for event in events:
         colour = MILESTONES.get(event.phase) if event.kind == "transition" else None
         if colour is not None:
-            for axes in (weights, errors, latency):
+            for axes in (weights, *metric_axes):
                 axes.axvline(event.at - start, color=colour, linestyle="--", linewidth=1)
             weights.annotate(event.phase.replace("_", " "), (event.at - start, 100),
                              rotation=90, va="top", ha="right", fontsize="small", color=colour)  # fmt: skip
@@ -119,6 +141,11 @@ def check_limit(event: Event, check: str, scale: float) -> float:
         if result.get("name") == check and result.get("limit") is not None:
             return float(result["limit"]) * scale
     return math.nan
+
+
+def _has(event: Event, key: str) -> bool:
+    numbers = event.numbers or {}
+    return any((numbers.get(side) or {}).get(key) is not None for side in ("stable", "canary"))
 
 
 def _number(event: Event, side: str, key: str, scale: float) -> float:

@@ -4,6 +4,7 @@ rollout per model, operator commands, holds and halts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -763,6 +764,25 @@ def test_a_promoted_rollout_ends_at_full_traffic_and_a_rolled_back_one_at_zero(
     assert rolled_back.state.phase is Phase.ROLLED_BACK
     events = EventLog(StateStore(tmp_path / "other").events_path(MODEL)).read()
     assert list(draw_timeline(events).axes[0].lines[0].get_ydata())[-1] == 0.0
+
+
+def test_a_rollout_with_labels_draws_live_accuracy_and_its_limit(
+    store: StateStore, admin: RecordingAdmin, clock: Clock
+) -> None:
+    labelled = dataclasses.replace(
+        GOOD,
+        stable=dataclasses.replace(GOOD.stable, labelled=1000, correct=980),
+        canary=dataclasses.replace(GOOD.canary, labelled=200, correct=120),
+    )
+    controller = controller_for(store, admin, clock)
+    run_ticks(controller, ScriptedProvider(then=labelled), clock, 5)
+    assert controller.state.phase is Phase.ROLLED_BACK
+    figure = draw_timeline(EventLog(store.events_path(MODEL)).read())
+    weights, errors, latency, accuracy = figure.axes
+    lines = {line.get_label(): list(line.get_ydata()) for line in accuracy.lines}
+    assert lines["stable"][0] == pytest.approx(98.0) and lines["canary"][0] == pytest.approx(60.0)
+    # the floor the canary was judged against: stable's accuracy less the 2-point margin
+    assert lines["accuracy limit"][0] == pytest.approx(96.0)
 
 
 def test_controller_metrics_export_one_state_at_a_time() -> None:
