@@ -7,9 +7,10 @@ preemption and recovers from non-finite losses; nothing interrupts an update hal
 
 Everything a resumed run needs to make bit-identical updates, the input position among
 it, is what the Trainer lists as ``checkpointed``, saved as one checkpoint whose commit
-marker makes a step resumable. So a run killed at any moment continues exactly from its latest committed checkpoint, and a
-run that starts from another run's checkpoint (``initialize_from``, how a Hyperband
-trial continues an earlier one) continues exactly as that run would have.
+marker makes a step resumable. So a run killed at any moment continues exactly from its
+latest committed checkpoint, and a run that starts from another run's checkpoint
+(``initialize_from``, how a Hyperband trial continues an earlier one) continues exactly
+as that run would have.
 """
 
 from __future__ import annotations

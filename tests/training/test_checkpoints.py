@@ -67,6 +67,14 @@ def keeper(directory: Path, training: Training, **kwargs) -> CheckpointKeeper:
     return CheckpointKeeper(directory, training.checkpoint, **kwargs)
 
 
+def saved_at_step_one(directory: Path) -> tuple[Training, CheckpointKeeper]:
+    """A training whose step 1 is committed, with a keeper of one checkpoint."""
+    training = Training()
+    kept = keeper(directory, training, keep=1)
+    kept.save(1)
+    return training, kept
+
+
 def assert_same(left: list[np.ndarray], right: list[np.ndarray]) -> None:
     assert len(left) == len(right)
     for a, b in zip(left, right, strict=True):
@@ -200,9 +208,7 @@ def disk_full(*_args: object, **_kwargs: object) -> None:
 def test_crash_before_commit_keeps_the_previous_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    training = Training()
-    kept = keeper(tmp_path, training, keep=1)
-    kept.save(1)
+    training, kept = saved_at_step_one(tmp_path)
     expected = training.state()
     training.train()
 
@@ -220,9 +226,7 @@ def test_crash_before_commit_keeps_the_previous_checkpoint(
 def test_commit_off_the_training_thread_counts_once_its_marker_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    training = Training()
-    kept = keeper(tmp_path, training, keep=1)
-    kept.save(1)
+    training, kept = saved_at_step_one(tmp_path)
     training.train()
     expected = training.state()
     release = threading.Event()
@@ -250,9 +254,7 @@ def test_commit_off_the_training_thread_counts_once_its_marker_is_written(
 def test_a_commit_that_failed_off_the_training_thread_is_raised_and_retried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    training = Training()
-    kept = keeper(tmp_path, training, keep=1)
-    kept.save(1)
+    training, kept = saved_at_step_one(tmp_path)
     training.train()
 
     monkeypatch.setattr(checkpoints, "write_json_atomically", disk_full)
