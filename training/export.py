@@ -11,9 +11,10 @@ complete, checksummed version.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from contracts.model_manifest import SIGNATURE_KEY
+from research.preprocessing.preprocessor import FeaturePreprocessor
 
 
 class ExportError(RuntimeError):
@@ -83,14 +85,33 @@ def _describe(spec: Any) -> dict[str, Any]:
     return {"dtype": tf.as_dtype(spec.dtype).name, "shape": dims}
 
 
-def save_serving_model(model: keras.Model, directory: str | Path) -> dict[str, Any]:
+def _serving_specs(
+    inputs: Mapping[str, Any], preprocessor: FeaturePreprocessor | None
+) -> list[tf.TensorSpec]:
+    """The signature's inputs: raw features where preprocessing reads them, else the
+    model's own inputs, each with a free batch dimension."""
+    raw = preprocessor.raw_specs if preprocessor is not None else {}
+    return [
+        raw.get(name) or tf.TensorSpec([None, *tensor.shape[1:]], tensor.dtype, name=name)
+        for name, tensor in inputs.items()
+    ]
+
+
+def save_serving_model(
+    model: keras.Model,
+    directory: str | Path,
+    preprocessor: FeaturePreprocessor | None = None,
+) -> dict[str, Any]:
     """Save ``model`` as a SavedModel whose ``serving_default`` uses the model's names.
 
     Inputs are keyed by the model's input names with a free batch dimension, outputs by
-    its output names (a Keras default signature would call them ``output_0``…). Saved via
-    ``Model.save`` (which calls ``tf.saved_model.save``) without the optimizer: serving
-    needs no slot variables, and the Keras metadata lets compression reload the model.
-    The signature is read back from disk and returned as ``slipway.json`` describes it.
+    its output names (a Keras default signature would call them ``output_0``…). With
+    ``preprocessor`` the signature takes the raw features it reads (category and text
+    strings, encoded images, unscaled numbers) and runs it before the model, so clients
+    send what they have. Saved via ``Model.save`` (which calls ``tf.saved_model.save``)
+    without the optimizer: serving needs no slot variables, and the Keras metadata lets
+    compression reload the model. The signature is read back from disk and returned as
+    ``slipway.json`` describes it.
     """
     if model.inputs is None:
         raise ExportError("the model has no defined inputs; build it from keras.Input")
@@ -102,15 +123,15 @@ def save_serving_model(model: keras.Model, directory: str | Path) -> dict[str, A
         )
     inputs = _named_inputs(model)
     names = list(inputs)
-    specs = [
-        tf.TensorSpec([None, *tensor.shape[1:]], tensor.dtype, name=name)
-        for name, tensor in inputs.items()
-    ]
+    specs = _serving_specs(inputs, preprocessor)
     structure = model.input
+    preprocessed = [name for name in names if preprocessor and name in preprocessor.layers]
 
     @tf.autograph.experimental.do_not_convert
     def serve(*tensors: tf.Tensor) -> dict[str, tf.Tensor]:
         by_name = dict(zip(names, tensors, strict=True))
+        if preprocessed:
+            by_name.update(preprocessor({name: by_name[name] for name in preprocessed}))
         if isinstance(structure, Mapping):
             feed: Any = by_name
         else:
@@ -121,12 +142,13 @@ def save_serving_model(model: keras.Model, directory: str | Path) -> dict[str, A
     # the model's variables are distributed (a multi-worker run).
     function = tf.function(serve, input_signature=specs)
     output_names = list(function.get_concrete_function().structured_outputs)
-    model.save(
-        str(directory),
-        save_format="tf",
-        include_optimizer=False,
-        signatures={SIGNATURE_KEY: function},
-    )
+    with _tracked(model, preprocessor):
+        model.save(
+            str(directory),
+            save_format="tf",
+            include_optimizer=False,
+            signatures={SIGNATURE_KEY: function},
+        )
     signature = tf.saved_model.load(str(directory)).signatures[SIGNATURE_KEY]
     loaded_inputs = signature.structured_input_signature[1]
     loaded_outputs = signature.structured_outputs
@@ -140,6 +162,23 @@ def save_serving_model(model: keras.Model, directory: str | Path) -> dict[str, A
         "inputs": {name: _describe(loaded_inputs[name]) for name in names},
         "outputs": {name: _describe(loaded_outputs[name]) for name in output_names},
     }
+
+
+@contextlib.contextmanager
+def _tracked(model: keras.Model, preprocessor: FeaturePreprocessor | None) -> Iterator[None]:
+    """``preprocessor`` attached to ``model`` while it is saved.
+
+    A SavedModel keeps the lookup tables and constants of the objects reachable from
+    its root, and the root must stay the Keras model for compression to reload it.
+    """
+    if preprocessor is None:
+        yield
+        return
+    model.serving_preprocessor = preprocessor
+    try:
+        yield
+    finally:
+        del model.serving_preprocessor
 
 
 # -- provenance -----------------------------------------------------------------------

@@ -51,11 +51,11 @@ def publish_model(
     name = config.export.model_name or config.name
     if not is_chief:
         with tempfile.TemporaryDirectory(prefix="slipway-export-") as scratch:
-            save_serving_model(model, Path(scratch) / "model")
+            save_serving_model(model, Path(scratch) / "model", task.build_preprocessor())
         return None
 
     def write(directory: Path) -> None:
-        signature = save_serving_model(model, directory)
+        signature = save_serving_model(model, directory, task.build_preprocessor())
         write_model_manifest(
             directory,
             {

@@ -3,13 +3,21 @@
 Training and evaluation read datasets only through :func:`make_dataset`, so every
 model sees the same tensors for the same manifest:
 
-- numeric -> ``float32``/``int64`` of the feature's shape (numeric labels: ``float32``);
-- categorical -> ``int64`` ids from the manifest vocabulary, out-of-vocabulary values
-  (and missing ones) -> ``len(vocabulary)``;
+Input features go through the manifest's in-graph preprocessing
+(``research.preprocessing``), the same layers the exported serving graph runs on what
+clients send:
+
+- numeric -> ``float32`` of the feature's shape, standardized with the training split's
+  mean and standard deviation;
+- categorical -> ``int64`` ids from the manifest vocabulary starting at 1; values the
+  vocabulary lacks (and missing ones) -> 0;
 - text -> ``int32`` token ids under the feature's own name, padded with ``PAD_ID`` and
   truncated to the sequence length;
 - image -> ``float32`` in ``[0, 1]`` of shape ``(height, width, channels)`` (a missing
   image is all zeros).
+
+Labels are read as they are: numeric ones as ``float32``, categorical ones as their
+position in the vocabulary (``len(vocabulary)`` for a value it lacks).
 
 Elements are ``(features, labels)``: ``labels`` is the label tensor when the manifest
 has one label, a dict when it has several; a dataset without labels yields the
@@ -38,6 +46,7 @@ import tensorflow as tf
 from contracts.dataset_manifest import DatasetError, Manifest, load_manifest
 from contracts.digests import file_sha256
 from contracts.features import FeatureSpec, parsing_spec, token_ids_key
+from research.preprocessing.preprocessor import FeaturePreprocessor
 
 PAD_ID = 0
 UNK_ID = 1
@@ -193,7 +202,7 @@ def describe_inputs(dataset_dir: str | Path, sequence_length: int | None = None)
             info: dict[str, Any] = {"type": spec.type, "label": is_label}
             if spec.type == "numeric":
                 info["shape"] = tuple(spec.shape)
-                info["dtype"] = "float32" if is_label else spec.dtype
+                info["dtype"] = "float32"
             elif spec.type == "categorical":
                 info["shape"] = ()
                 info["dtype"] = "int64"
@@ -212,7 +221,7 @@ def describe_inputs(dataset_dir: str | Path, sequence_length: int | None = None)
     return described
 
 
-def _lookup_table(spec: FeatureSpec) -> tf.lookup.StaticHashTable | None:
+def _label_table(spec: FeatureSpec) -> tf.lookup.StaticHashTable | None:
     if not spec.vocabulary:
         return None
     keys = tf.constant(list(spec.vocabulary), dtype=tf.string)
@@ -228,24 +237,6 @@ def _stable_id(name: str) -> int:
 
 def _fold(seed: tf.Tensor, value: int | tf.Tensor) -> tf.Tensor:
     return tf.random.experimental.stateless_fold_in(seed, tf.cast(value, tf.int64))
-
-
-def _blank_png(spec: FeatureSpec) -> tf.Tensor:
-    """An all-zero PNG of the feature's shape: what a missing image decodes to."""
-    return tf.io.encode_png(tf.zeros([spec.height, spec.width, spec.channels], tf.uint8))
-
-
-def _decode_images(encoded: tf.Tensor, spec: FeatureSpec, blank: tf.Tensor) -> tf.Tensor:
-    # Missing images are swapped for a blank PNG up front, so the per-image loop is a
-    # bare decode (a conditional inside it costs more than the decode of a small image).
-    encoded = tf.where(tf.strings.length(encoded) > 0, encoded, blank)
-    shape = [spec.height, spec.width, spec.channels]
-    images = tf.map_fn(
-        lambda png: tf.ensure_shape(tf.io.decode_png(png, channels=spec.channels), shape),
-        encoded,
-        fn_output_signature=tf.TensorSpec(shape, tf.uint8),
-    )
-    return tf.cast(images, tf.float32) * (1.0 / 255.0)
 
 
 def _augment_images(images: tf.Tensor, seed: tf.Tensor, augment: ImageAugmentation) -> tf.Tensor:
@@ -290,11 +281,17 @@ def _drop_tokens(ids: tf.Tensor, seed: tf.Tensor, rate: float) -> tf.Tensor:
     return tf.where(drop & (ids != PAD_ID), tf.constant(UNK_ID, ids.dtype), ids)
 
 
+def _raw(spec: FeatureSpec, parsed: tf.Tensor) -> tf.Tensor:
+    """A parsed input as a client sends it: numbers as float32, strings as they are."""
+    return tf.cast(parsed, tf.float32) if spec.type == "numeric" else parsed
+
+
 class _BatchDecoder:
     """Serialized Examples of one batch -> the ``(features, labels)`` element."""
 
     def __init__(
         self,
+        preprocessor: FeaturePreprocessor | None,
         inputs: Mapping[str, FeatureSpec],
         labels: Mapping[str, FeatureSpec],
         sequence_lengths: Mapping[str, int | None],
@@ -302,71 +299,62 @@ class _BatchDecoder:
         augment: ImageAugmentation | None,
         token_dropout: float,
     ) -> None:
+        self._preprocessor = preprocessor
         self._inputs = dict(inputs)
         self._labels = dict(labels)
         self._lengths = dict(sequence_lengths)
         self._seed = seed
         self._augment = augment
         self._token_dropout = token_dropout
-        every = {**self._inputs, **self._labels}
         self._tables = {
-            name: _lookup_table(spec) for name, spec in every.items() if spec.type == "categorical"
+            name: _label_table(spec)
+            for name, spec in self._labels.items()
+            if spec.type == "categorical"
         }
-        self._blanks = {
-            name: _blank_png(spec) for name, spec in every.items() if spec.type == "image"
-        }
-        spec = parsing_spec(every)
-        for name, feature in every.items():
-            if feature.type == "text":
+        spec = parsing_spec({**self._inputs, **self._labels})
+        for name, feature in self._inputs.items():
+            if feature.type == "text" and preprocessor is not None:
                 del spec[name]  # only the token ids reach the model
         self._parsing_spec = spec
 
     def __call__(self, index: tf.Tensor, serialized: tf.Tensor) -> Any:
         parsed = tf.io.parse_example(serialized, self._parsing_spec)
-        batch_seed = _fold(self._seed, index)
-        features = {
-            name: self._convert(name, spec, parsed, batch_seed, train_transforms=True)
-            for name, spec in self._inputs.items()
-        }
+        if self._preprocessor is None:
+            features = {name: _raw(spec, parsed[name]) for name, spec in self._inputs.items()}
+        else:
+            features = self._preprocessed(index, parsed)
         if not self._labels:
             return features
-        labels = {
-            name: self._convert(name, spec, parsed, batch_seed, train_transforms=False)
-            for name, spec in self._labels.items()
-        }
-        for name, spec in self._labels.items():
-            if spec.type == "numeric":
-                labels[name] = tf.cast(labels[name], tf.float32)
+        labels = {name: self._label(name, spec, parsed) for name, spec in self._labels.items()}
         if len(labels) == 1:
             return features, next(iter(labels.values()))
         return features, labels
 
-    def _convert(
-        self,
-        name: str,
-        spec: FeatureSpec,
-        parsed: Mapping[str, Any],
-        batch_seed: tf.Tensor,
-        *,
-        train_transforms: bool,
-    ) -> tf.Tensor:
+    def _preprocessed(self, index: tf.Tensor, parsed: Mapping[str, Any]) -> dict[str, tf.Tensor]:
+        batch_seed = _fold(self._seed, index)
+        features = self._preprocessor({name: parsed[name] for name in self._preprocessor.layers})
+        for name, spec in self._inputs.items():
+            seed = _fold(batch_seed, _stable_id(name))
+            if spec.type == "text":
+                ids = _token_ids(parsed[token_ids_key(name)], self._lengths[name])
+                if self._token_dropout:
+                    ids = _drop_tokens(ids, seed, self._token_dropout)
+                features[name] = ids
+            elif spec.type == "image" and self._augment is not None:
+                features[name] = _augment_images(features[name], seed, self._augment)
+        return features
+
+    def _label(self, name: str, spec: FeatureSpec, parsed: Mapping[str, Any]) -> tf.Tensor:
         if spec.type == "numeric":
-            return parsed[name]
+            return tf.cast(parsed[name], tf.float32)
         if spec.type == "categorical":
             table = self._tables[name]
             if table is None:
                 return tf.zeros_like(parsed[name], dtype=tf.int64)
             return table.lookup(parsed[name])
-        seed = _fold(batch_seed, _stable_id(name))
         if spec.type == "text":
-            ids = _token_ids(parsed[token_ids_key(name)], self._lengths[name])
-            if train_transforms and self._token_dropout:
-                ids = _drop_tokens(ids, seed, self._token_dropout)
-            return ids
-        images = _decode_images(parsed[name], spec, self._blanks[name])
-        if train_transforms and self._augment is not None:
-            images = _augment_images(images, seed, self._augment)
-        return images
+            return _token_ids(parsed[token_ids_key(name)], self._lengths[name])
+        raise DatasetError(f"label {name!r}: a {spec.type} feature cannot be a label")
 
 
 def _pipeline_position(input_context: tf.distribute.InputContext | None) -> tuple[int, int]:
@@ -424,6 +412,7 @@ def make_dataset(
     verify: Verify = "sha256",
     drop_remainder: bool = False,
     deterministic: bool = True,
+    raw: bool = False,
 ) -> tf.data.Dataset:
     """Batches of ``(features, labels)`` read from one split of a dataset directory.
 
@@ -437,7 +426,9 @@ def make_dataset(
     path prefix (one per worker), so later epochs skip the disk. ``augment`` and
     ``token_dropout`` apply to input features only, never to labels.
     ``sequence_length`` defaults to :func:`default_sequence_length` per text feature.
-    ``features`` picks a subset of the input features.
+    ``features`` picks a subset of the input features. ``raw`` yields the input
+    features as a client sends them to a served model, before preprocessing: numbers
+    as float32, category and text strings, encoded images.
 
     The stream is a sequence of epochs, each a pass over the records shuffled with a
     seed computed from ``seed`` and the epoch's number. So the stream's position is one
@@ -472,6 +463,8 @@ def make_dataset(
         raise ValueError(f"token_dropout must be in [0, 1), got {token_dropout}")
     if start_batch < 0:
         raise ValueError(f"start_batch must be >= 0, got {start_batch}")
+    if raw and (augment is not None or token_dropout):
+        raise ValueError("augment and token_dropout transform preprocessed features, not raw")
     if split_global_batches and input_context is None:
         raise ValueError("split_global_batches needs the input_context of the pipeline")
     manifest = load_manifest(dataset_dir)
@@ -546,7 +539,12 @@ def make_dataset(
 
     seed_pipeline = 0 if split_global_batches else pipeline_id
     base_seed = tf.constant([seed, seed_pipeline], dtype=tf.int64)
-    decoder = _BatchDecoder(inputs, labels, lengths, base_seed, augment, token_dropout)
+    preprocessor = None if raw else FeaturePreprocessor.from_manifest(
+        manifest, {name: spec for name, spec in inputs.items() if spec.type != "text"}
+    )
+    decoder = _BatchDecoder(
+        preprocessor, inputs, labels, lengths, base_seed, augment, token_dropout
+    )
     elements = batches.map(
         decoder, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
     )

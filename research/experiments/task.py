@@ -39,6 +39,7 @@ from research.models.gpt import next_token_pairs
 from research.models.interface import conform_model
 from research.models.registry import build_model
 from research.models.specs import HeadSpec, InputSpec
+from research.preprocessing.preprocessor import FeaturePreprocessor
 
 ModelFn = Callable[[dict[str, InputSpec], dict[str, HeadSpec]], keras.Model]
 
@@ -178,6 +179,16 @@ class ExperimentTask:
             **options,
         )
         return dataset.map(as_head_labels(self.io), num_parallel_calls=tf.data.AUTOTUNE)
+
+    def build_preprocessor(self) -> FeaturePreprocessor:
+        """The model inputs' in-graph preprocessing, as the input pipeline runs it: the
+        exported serving graph runs it on the raw features clients send."""
+        features = {
+            name: self.manifest.features[name]
+            for name in self.inputs
+            if name in self.manifest.features and self.manifest.features[name].type != "text"
+        }
+        return FeaturePreprocessor.from_manifest(self.manifest, features)
 
     def build_losses(self) -> dict[str, keras.losses.Loss]:
         """Each head's loss (batch mean), keyed by head; weigh them by ``loss_weights``."""

@@ -12,6 +12,7 @@ import re
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -530,18 +531,24 @@ def test_input_pipeline_reads_back_every_feature_type(every_type: EveryType) -> 
     assert species == ("0", "1", "2")
     assert set(colours) == {"red", "green", "blue", "amber"}
     seen = []
+    x_stats = manifest.statistics["train"]["features"]["x"]
     for split in ("train", "test"):
-        for features, labels in make_dataset(
-            Path(result.output_dir), split, batch_size=16, shuffle=False
-        ).as_numpy_iterator():
-            assert set(features) == {"serial", "x", "vec", "colour", "text", "image"}
+        read = partial(make_dataset, Path(result.output_dir), split, batch_size=16, shuffle=False)
+        for (raw, _), (features, labels) in zip(
+            read(raw=True).as_numpy_iterator(), read().as_numpy_iterator(), strict=True
+        ):
+            assert set(features) == set(raw) == {"serial", "x", "vec", "colour", "text", "image"}
             assert set(labels) == {"species", "weight"}
-            for row, serial in enumerate(features["serial"]):
+            for row, serial in enumerate(raw["serial"]):
                 index = (int(serial) - 1000) // 3
                 seen.append(index)
-                assert features["x"][row] == arrays["x"][index]
-                np.testing.assert_array_equal(features["vec"][row], arrays["vec"][index])
-                assert colours[features["colour"][row]] == arrays["colour"][index]
+                assert raw["x"][row] == np.float32(arrays["x"][index])
+                standardized = (arrays["x"][index] - x_stats["mean"]) / x_stats["std"]
+                assert features["x"][row] == pytest.approx(standardized, rel=1e-5, abs=1e-6)
+                np.testing.assert_array_equal(raw["vec"][row], arrays["vec"][index])
+                assert raw["colour"][row].decode() == arrays["colour"][index]
+                assert colours[features["colour"][row] - 1] == arrays["colour"][index]
+                assert raw["text"][row].decode() == every_type.clean_texts[index]
                 image = np.round(features["image"][row] * 255.0).astype(np.uint8)
                 np.testing.assert_array_equal(image, arrays["image"][index])
                 ids = features["text"][row]

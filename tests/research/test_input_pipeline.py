@@ -131,8 +131,11 @@ EVERY_TYPE_RECORDS = [
 
 @pytest.fixture
 def every_type(tmp_path: Path) -> Path:
-    stats = {"train": {"features": {"body": {"token_quantiles": {"p50": 2, "p100": 6}}}},
-             "test": {"features": {"body": {"token_quantiles": {"p100": 5}}}}}  # fmt: skip
+    stats = {"train": {"features": {"body": {"token_quantiles": {"p50": 2, "p100": 6}},
+                                    "x": {"mean": 1.0, "std": 2.0},
+                                    "count": {"mean": 4.0, "std": 0.0}}},
+             "test": {"features": {"body": {"token_quantiles": {"p100": 5}},
+                                   "x": {"mean": -100.0, "std": 50.0}}}}  # fmt: skip
     write_dataset(
         tmp_path,
         EVERY_TYPE,
@@ -151,17 +154,20 @@ def test_every_feature_type_round_trips(every_type: Path) -> None:
     features, label = batches[0]
 
     assert set(features) == {"x", "vec", "count", "color", "body", "img"}
+    # standardized with the train split's statistics (never the split being read)
     assert features["x"].dtype == tf.float32
-    np.testing.assert_allclose(features["x"].numpy(), [0.5, -1.25, 2.0, 3.0])
+    np.testing.assert_allclose(features["x"].numpy(), [-0.25, -1.125, 0.5, 1.0])
+    # no statistics: as recorded
     assert features["vec"].dtype == tf.float32 and features["vec"].shape == (4, 3)
     np.testing.assert_allclose(
         features["vec"].numpy(), [[1, 2, 3], [4, 5, 6], [0, 0, 1], [1, 1, 1]]
     )
-    assert features["count"].dtype == tf.int64
-    assert features["count"].numpy().tolist() == [7, -3, 2**40, 0]
-    # blue, out-of-vocabulary, red, missing -> OOV id len(vocabulary)
+    # integers reach the model as float32; a constant feature (std 0) is only centred
+    assert features["count"].dtype == tf.float32
+    np.testing.assert_allclose(features["count"].numpy(), [3, -7, 2**40 - 4, -4])
+    # blue, out-of-vocabulary, red, missing -> vocabulary position + 1, OOV id 0
     assert features["color"].dtype == tf.int64
-    assert features["color"].numpy().tolist() == [2, 3, 0, 3]
+    assert features["color"].numpy().tolist() == [3, 0, 1, 0]
     # padded with 0 and truncated to sequence_length
     assert features["body"].dtype == tf.int32
     assert features["body"].numpy().tolist() == [
@@ -208,7 +214,7 @@ def test_features_subset_and_describe_inputs(every_type: Path) -> None:
     assert described["label"]["num_classes"] == 2 and described["label"]["label"]
     assert described["body"]["shape"] == (16,) and described["body"]["vocab_size"] == 50
     assert described["img"]["shape"] == IMAGE_SHAPE
-    assert described["vec"]["shape"] == (3,) and described["count"]["dtype"] == "int64"
+    assert described["vec"]["shape"] == (3,) and described["count"]["dtype"] == "float32"
 
 
 def test_several_labels_come_as_a_dict_and_none_as_features_only(tmp_path: Path) -> None:
@@ -470,5 +476,5 @@ def test_gzip_datasets_are_read(tmp_path: Path) -> None:
     assert collect_ids(dataset) == round_robin(3, 10)
     for batch in dataset:
         for record_id, tokens in zip(batch["id"].numpy(), batch["t"].numpy(), strict=True):
-            length = min(record_id % 10 + 1, 5)
+            length = min(int(record_id) % 10 + 1, 5)
             assert tokens.tolist() == [3] * length + [0] * (5 - length)

@@ -1,0 +1,100 @@
+"""Raw features -> the inputs a model's core reads, built from a dataset manifest.
+
+One ``FeaturePreprocessor`` per reader: the input pipeline calls it on each parsed batch,
+and the exported serving graph calls it on what clients send, so both run the same ops
+with the same constants (statistics, vocabularies) taken from the same manifest.
+
+Raw form, per feature type (what a client sends under the feature's dataset name):
+- numeric: float32 values of the feature's shape -> standardized float32;
+- categorical: the category string -> int64 id (0 for a value never seen in training);
+- image: the encoded file (PNG, JPEG, ...) -> float32 pixels in [0, 1].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import tensorflow as tf
+import tf_keras as keras
+
+from contracts.dataset_manifest import Manifest
+from contracts.features import FeatureSpec
+from research.preprocessing.categorical import category_lookup
+from research.preprocessing.image import image_decoder
+from research.preprocessing.numeric import standardizer
+
+TRAIN_SPLIT = "train"
+
+
+def statistics_split(manifest: Manifest) -> str | None:
+    """The split whose statistics scale the features: ``train``, else the largest.
+
+    Scaling by the split a model is evaluated on would leak it into the model.
+    """
+    if TRAIN_SPLIT in manifest.splits:
+        return TRAIN_SPLIT
+    if not manifest.splits:
+        return None
+    return max(manifest.splits, key=lambda name: manifest.splits[name].num_records)
+
+
+def feature_statistics(manifest: Manifest, name: str) -> dict[str, Any]:
+    split = statistics_split(manifest)
+    by_split = manifest.statistics.get(split, {}) if split else {}
+    return dict((by_split.get("features") or {}).get(name) or {})
+
+
+def raw_spec(feature: FeatureSpec) -> tf.TensorSpec:
+    """What a client sends for ``feature``, batched."""
+    if feature.type == "numeric":
+        return tf.TensorSpec([None, *feature.shape], tf.float32, name=feature.name)
+    return tf.TensorSpec([None], tf.string, name=feature.name)
+
+
+Builder = Callable[[FeatureSpec, Manifest], keras.layers.Layer]
+
+_BUILDERS: dict[str, Builder] = {
+    "numeric": lambda feature, manifest: standardizer(
+        feature, feature_statistics(manifest, feature.name)
+    ),
+    "categorical": lambda feature, manifest: category_lookup(feature),
+    "image": lambda feature, manifest: image_decoder(feature),
+}
+
+
+class FeaturePreprocessor(tf.Module):
+    """The preprocessing of a model's input features, one layer per feature.
+
+    A ``tf.Module``, so that a SavedModel holding it keeps its lookup tables and
+    constants, and a ``tf.data`` map or a serving function can call it.
+    """
+
+    def __init__(self, layers: Mapping[str, keras.layers.Layer], specs: Mapping[str, tf.TensorSpec]):
+        super().__init__(name="preprocessing")
+        self.layers = dict(layers)
+        self._specs = dict(specs)
+
+    @classmethod
+    def from_manifest(
+        cls, manifest: Manifest, features: Mapping[str, FeatureSpec]
+    ) -> FeaturePreprocessor:
+        layers, specs = {}, {}
+        for name, feature in features.items():
+            build = _BUILDERS.get(feature.type)
+            if build is None:
+                raise ValueError(f"feature {name!r}: unknown type {feature.type!r}")
+            layers[name] = build(feature, manifest)
+            specs[name] = raw_spec(feature)
+        return cls(layers, specs)
+
+    @property
+    def raw_specs(self) -> dict[str, tf.TensorSpec]:
+        """Feature name -> the batched raw tensor a client sends."""
+        return dict(self._specs)
+
+    def __call__(self, raw: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        missing = sorted(set(self.layers) - set(raw))
+        if missing:
+            raise ValueError(f"raw features missing: {missing}")
+        return {name: layer(raw[name]) for name, layer in self.layers.items()}
