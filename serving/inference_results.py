@@ -20,6 +20,8 @@ from serving.errors import FailedPrecondition
 
 # Output names TF Serving's classify / regress signatures use.
 SCORES_OUTPUT, CLASSES_OUTPUT, REGRESS_OUTPUT = "scores", "classes", "outputs"
+# The class names Slipway's export puts beside a classification head's scores.
+CLASSES_SUFFIX = "_classes"
 
 
 def _manifest_classes(manifest: Mapping[str, Any] | None, output: str) -> list[str] | None:
@@ -70,6 +72,23 @@ def _pick_output(
     )
 
 
+def _names_output(scores: str, outputs: Mapping[str, np.ndarray]) -> str | None:
+    """The output with the class names of output ``scores``: ``<scores>_classes`` as
+    Slipway exports them, else TF Serving's ``classes``."""
+    for name in (f"{scores}{CLASSES_SUFFIX}", CLASSES_OUTPUT):
+        if name in outputs:
+            return name
+    return None
+
+
+def _holds_names(name: str, outputs: Mapping[str, np.ndarray]) -> bool:
+    """Whether output ``name`` is the class names of another output."""
+    if name == CLASSES_OUTPUT:
+        return True
+    scores = name.removesuffix(CLASSES_SUFFIX)
+    return scores != name and scores in outputs
+
+
 def _is_scores(array: np.ndarray) -> bool:
     return array.ndim == 2 and array.shape[1] > 1 and array.dtype.kind == "f"
 
@@ -89,7 +108,7 @@ def _class_scores(
     ``labels.<output>.classes``, else the class index as text. ``examples`` (when known)
     is the number of rows the answer must have.
     """
-    candidates = {k: v for k, v in outputs.items() if k != CLASSES_OUTPUT}
+    candidates = {k: v for k, v in outputs.items() if not _holds_names(k, outputs)}
     name = _pick_output(candidates, manifest, SCORES_OUTPUT, "classification", _is_scores)
     scores = np.asarray(outputs[name])
     if scores.ndim == 1:
@@ -101,13 +120,14 @@ def _class_scores(
             f"needs numeric scores of shape [{rows}, classes]"
         )
     count = scores.shape[1]
-    if CLASSES_OUTPUT in outputs and np.shape(outputs[CLASSES_OUTPUT]) == scores.shape:
+    names_output = _names_output(name, outputs)
+    if names_output is not None and np.shape(outputs[names_output]) == scores.shape:
         names = [
             [
                 item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item)
                 for item in row
             ]
-            for row in np.asarray(outputs[CLASSES_OUTPUT]).tolist()
+            for row in np.asarray(outputs[names_output]).tolist()
         ]
     else:
         listed = _manifest_classes(manifest, name)

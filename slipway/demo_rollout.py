@@ -18,6 +18,7 @@ rollout integration tests use too.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -209,7 +210,8 @@ def digits_pool(dataset: Path) -> tuple[list[dict], list[int]]:
     from slipway.demo_serving import digits_batch
 
     images, labels = digits_batch(dataset, count=1_000_000)
-    return [{"image": image.tolist()} for image in images], [int(label) for label in labels]
+    rows = [{"image": {"b64": base64.b64encode(image).decode()}} for image in images]
+    return rows, [int(label) for label in labels]
 
 
 @dataclass

@@ -6,6 +6,7 @@ The gateway runs as a real ``slipway serve`` process; it is called with the stoc
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -19,15 +20,16 @@ from serving.process import GatewayProcess
 console = Console()
 
 
-def digits_batch(dataset: Path, count: int = 3) -> tuple[np.ndarray, np.ndarray]:
-    """A few test images and their labels from the demo's digits dataset."""
+def digits_batch(dataset: Path, count: int = 3) -> tuple[list[bytes], np.ndarray]:
+    """A few test images as PNG files, as a client has them, and their labels."""
     from research.data.input_pipeline import make_dataset
 
-    features, labels = next(iter(make_dataset(dataset, "test", batch_size=count, shuffle=False)))
-    return features["image"].numpy(), labels.numpy()
+    test = make_dataset(dataset, "test", batch_size=count, shuffle=False, raw=True)
+    features, labels = next(iter(test))
+    return features["image"].numpy().tolist(), labels.numpy()
 
 
-def call_with_grpc(target: str, model: str, images: np.ndarray) -> np.ndarray:
+def call_with_grpc(target: str, model: str, images: list[bytes]) -> np.ndarray:
     """Predict with TensorFlow Serving's own client stubs, unmodified."""
     import grpc
     import tensorflow as tf
@@ -43,8 +45,10 @@ def call_with_grpc(target: str, model: str, images: np.ndarray) -> np.ndarray:
     return tf.make_ndarray(response.outputs["label"])
 
 
-def call_with_curl(rest_url: str, model: str, images: np.ndarray) -> dict:
-    body = json.dumps({"instances": [{"image": image.tolist()} for image in images]})
+def call_with_curl(rest_url: str, model: str, images: list[bytes]) -> dict:
+    """The REST API as TF Serving documents it: binary inputs as ``{"b64": ...}``."""
+    instances = [{"image": {"b64": base64.b64encode(image).decode()}} for image in images]
+    body = json.dumps({"instances": instances})
     command = [
         "curl", "-s", "-X", "POST", f"{rest_url}/v1/models/{model}:predict",
         "-H", "Content-Type: application/json", "-d", body,

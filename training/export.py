@@ -97,10 +97,35 @@ def _serving_specs(
     ]
 
 
+CLASSES_SUFFIX = "_classes"
+
+
+def class_names_output(head: str) -> str:
+    """The output holding the class names of classification head ``head``."""
+    return f"{head}{CLASSES_SUFFIX}"
+
+
+def _with_class_names(
+    outputs: dict[str, tf.Tensor], class_names: Mapping[str, Sequence[str]]
+) -> dict[str, tf.Tensor]:
+    """``outputs`` plus, per head in ``class_names``, its class names for every row, the
+    way TensorFlow Serving's classification signatures return ``classes`` beside
+    ``scores``."""
+    named = dict(outputs)
+    for head, names in class_names.items():
+        scores = outputs[head]
+        rows = tf.shape(scores)[0]
+        named[class_names_output(head)] = tf.broadcast_to(
+            tf.constant(list(names), tf.string)[tf.newaxis, :], [rows, len(names)]
+        )
+    return named
+
+
 def save_serving_model(
     model: keras.Model,
     directory: str | Path,
     preprocessor: FeaturePreprocessor | None = None,
+    class_names: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Save ``model`` as a SavedModel whose ``serving_default`` uses the model's names.
 
@@ -108,7 +133,9 @@ def save_serving_model(
     its output names (a Keras default signature would call them ``output_0``…). With
     ``preprocessor`` the signature takes the raw features it reads (category and text
     strings, encoded images, unscaled numbers) and runs it before the model, so clients
-    send what they have. Saved via ``Model.save`` (which calls ``tf.saved_model.save``)
+    send what they have. ``class_names`` (head -> its classes, in score order) adds an
+    output ``<head>_classes`` with the names beside each classification head's scores,
+    so an answer says what it means by itself. Saved via ``Model.save`` (which calls ``tf.saved_model.save``)
     without the optimizer: serving needs no slot variables, and the Keras metadata lets
     compression reload the model. The signature is read back from disk and returned as
     ``slipway.json`` describes it.
@@ -124,6 +151,7 @@ def save_serving_model(
     inputs = _named_inputs(model)
     names = list(inputs)
     specs = _serving_specs(inputs, preprocessor)
+    class_names = _checked_class_names(model, class_names or {})
     structure = model.input
     preprocessed = [name for name in names if preprocessor and name in preprocessor.layers]
 
@@ -136,7 +164,8 @@ def save_serving_model(
             feed: Any = by_name
         else:
             feed = tf.nest.pack_sequence_as(structure, [by_name[name] for name in names])
-        return _named_outputs(model, model(feed, training=False))
+        outputs = _named_outputs(model, model(feed, training=False))
+        return _with_class_names(outputs, class_names)
 
     # The tf.function itself (not a concrete function) is what SavedModel can re-trace when
     # the model's variables are distributed (a multi-worker run).
@@ -162,6 +191,30 @@ def save_serving_model(
         "inputs": {name: _describe(loaded_inputs[name]) for name in names},
         "outputs": {name: _describe(loaded_outputs[name]) for name in output_names},
     }
+
+
+def _checked_class_names(
+    model: keras.Model, class_names: Mapping[str, Sequence[str]]
+) -> dict[str, list[str]]:
+    """``class_names`` for the heads that output one score per class, checked against
+    the model's outputs (a name list that does not fit its scores would mislabel them)."""
+    outputs = dict(zip(model.output_names, tf.nest.flatten(model.output), strict=True))
+    if isinstance(model.output, Mapping):
+        outputs = dict(model.output)
+    checked = {}
+    for head, names in class_names.items():
+        if head not in outputs:
+            raise ExportError(f"class names for {head!r}, which is no output of the model")
+        taken = class_names_output(head)
+        if taken in outputs:
+            raise ExportError(f"output {taken!r} would hold {head!r}'s class names: rename it")
+        width = outputs[head].shape[-1]
+        if width != len(names):
+            raise ExportError(
+                f"{len(names)} class names for output {head!r}, which has {width} scores"
+            )
+        checked[head] = [str(name) for name in names]
+    return checked
 
 
 @contextlib.contextmanager

@@ -27,10 +27,16 @@ def label_descriptions(io: ModelIO, manifest: Manifest) -> dict[str, dict[str, A
     for name, head in io.heads.items():
         entry: dict[str, Any] = {"kind": head.kind}
         feature = manifest.features.get(name)
-        if head.kind == "classification" and feature is not None and feature.vocabulary:
-            entry["classes"] = list(feature.vocabulary)
+        vocabulary = feature.vocabulary if feature is not None else ()
+        if head.kind == "classification" and len(vocabulary) == head.num_classes:
+            entry["classes"] = list(vocabulary)
         described[name] = entry
     return described
+
+
+def class_names(labels: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Head -> class names, for the heads ``label_descriptions`` gives classes."""
+    return {name: entry["classes"] for name, entry in labels.items() if "classes" in entry}
 
 
 def publish_model(
@@ -49,19 +55,26 @@ def publish_model(
     """
     config, manifest = task.config, task.manifest
     name = config.export.model_name or config.name
+    labels = label_descriptions(task.io, manifest)
+
+    def save(directory: Path) -> dict[str, Any]:
+        return save_serving_model(
+            model, directory, task.build_preprocessor(), class_names(labels)
+        )
+
     if not is_chief:
         with tempfile.TemporaryDirectory(prefix="slipway-export-") as scratch:
-            save_serving_model(model, Path(scratch) / "model", task.build_preprocessor())
+            save(Path(scratch) / "model")
         return None
 
     def write(directory: Path) -> None:
-        signature = save_serving_model(model, directory, task.build_preprocessor())
+        signature = save(directory)
         write_model_manifest(
             directory,
             {
                 "name": name,
                 "signature": signature,
-                "labels": label_descriptions(task.io, manifest),
+                "labels": labels,
                 "metrics": metrics,
                 "provenance": {
                     "experiment": config.name,

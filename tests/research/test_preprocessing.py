@@ -20,7 +20,7 @@ from research.preprocessing.image import ImageDecoder
 from research.preprocessing.numeric import standardizer
 from research.preprocessing.preprocessor import FeaturePreprocessor, statistics_split
 from tests.research.test_input_pipeline import png, write_dataset
-from training.export import save_serving_model
+from training.export import ExportError, save_serving_model
 
 
 def encoded(array: np.ndarray, format: str) -> bytes:
@@ -164,7 +164,10 @@ def served(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
     model = core_model(dataset)
     directory = tmp_path_factory.mktemp("served") / "model"
     signature = save_serving_model(
-        model, directory, FeaturePreprocessor.from_manifest(manifest, inputs)
+        model,
+        directory,
+        FeaturePreprocessor.from_manifest(manifest, inputs),
+        class_names={"label": ["no", "yes"]},
     )
     return model, directory, signature
 
@@ -177,6 +180,10 @@ def test_the_signature_takes_raw_features(served: tuple) -> None:
         "count": {"dtype": "float32", "shape": [-1]},
         "color": {"dtype": "string", "shape": [-1]},
         "img": {"dtype": "string", "shape": [-1]},
+    }
+    assert signature["outputs"] == {
+        "label": {"dtype": "float32", "shape": [-1, 2]},
+        "label_classes": {"dtype": "string", "shape": [-1, 2]},
     }
 
 
@@ -195,7 +202,18 @@ def test_served_raw_features_predict_as_the_training_pipeline_feeds(
         features["x"].numpy(), (raw["x"].numpy() - 500.0) / 100.0, rtol=1e-5, atol=1e-6
     )
     expected = model(features, training=False)["label"].numpy()
-    np.testing.assert_allclose(signature(**raw)["label"].numpy(), expected, rtol=1e-6, atol=1e-7)
+    answer = signature(**raw)
+    np.testing.assert_allclose(answer["label"].numpy(), expected, rtol=1e-6, atol=1e-7)
+    assert answer["label_classes"].numpy().tolist() == [[b"no", b"yes"]] * 40
+
+
+def test_class_names_that_do_not_fit_the_scores_are_refused(
+    dataset: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ExportError, match="3 class names for output 'label', which has 2"):
+        save_serving_model(core_model(dataset), tmp_path / "m", class_names={"label": "abc"})
+    with pytest.raises(ExportError, match="no output"):
+        save_serving_model(core_model(dataset), tmp_path / "m", class_names={"other": "ab"})
 
 
 def test_the_exported_model_reloads_in_keras_as_its_core(served: tuple) -> None:
