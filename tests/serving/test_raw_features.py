@@ -1,0 +1,204 @@
+"""Every zoo family, exported as training exports it, answers raw features sent by
+unmodified TensorFlow Serving clients: gRPC Predict and Classify, and REST JSON with
+strings, numbers and base64 images — and answers them as the model answers the input
+pipeline's preprocessed batch of the same records."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import (
+    classification_pb2,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
+
+from contracts.features import FeatureSpec
+from research.data.input_pipeline import make_dataset
+from research.experiments.config import ExperimentConfig
+from research.experiments.task import ExperimentTask
+from tests.research.test_input_pipeline import png, write_dataset
+from tests.serving.gateway_process import GatewayThread
+from training.publish import publish_model
+
+ROWS = 6
+RNG = np.random.default_rng(5)
+SPECIES = ("setosa", "versicolor", "virginica")
+
+TABULAR = [
+    FeatureSpec("petal", "numeric"),
+    FeatureSpec("sepal", "numeric", shape=(2,)),
+    FeatureSpec("colour", "categorical", vocabulary=("blue", "white")),
+    FeatureSpec("species", "categorical", vocabulary=SPECIES, is_label=True),
+    FeatureSpec("height", "numeric", is_label=True),
+]
+TABULAR_RECORDS = [
+    {
+        "petal": float(RNG.normal(4.0, 2.0)),
+        "sepal": RNG.normal(300.0, 50.0, 2).tolist(),
+        **({"colour": ("blue", "white", "pink")[i % 3]} if i % 4 else {}),
+        "species": SPECIES[i % 3],
+        "height": float(RNG.normal(30.0, 5.0)),
+    }
+    for i in range(24)
+]
+TABULAR_STATISTICS = {
+    "train": {
+        "features": {
+            "petal": {"mean": 4.0, "std": 2.0},
+            "sepal": {"mean": 300.0, "std": 50.0},
+            "height": {"mean": 30.0, "std": 5.0},
+        }
+    }
+}
+IMAGES = [
+    FeatureSpec("photo", "image", height=8, width=8, channels=1),
+    FeatureSpec("species", "categorical", vocabulary=SPECIES, is_label=True),
+]
+IMAGE_RECORDS = [
+    {"photo": png(RNG.integers(0, 256, (8, 8, 1), dtype=np.uint8)), "species": SPECIES[i % 3]}
+    for i in range(24)
+]
+
+# family -> (dataset features, records, statistics, model config, labels the model predicts)
+FAMILIES: dict[str, tuple[list[FeatureSpec], list[dict], dict, dict, list[str]]] = {
+    "mlp": (TABULAR, TABULAR_RECORDS, TABULAR_STATISTICS,
+            {"type": "mlp", "hidden_units": [8]}, ["species"]),
+    "cnn": (IMAGES, IMAGE_RECORDS, {},
+            {"type": "cnn", "stem_filters": 4, "stages": [4]}, ["species"]),
+    "multitask": (TABULAR, TABULAR_RECORDS, TABULAR_STATISTICS,
+                  {"type": "multitask", "trunk": {"type": "mlp", "hidden_units": [8]},
+                   "head_hidden_units": [4]}, ["species", "height"]),
+}  # fmt: skip
+
+
+def experiment(root: Path, family: str) -> ExperimentConfig:
+    features, records, statistics, model, labels = FAMILIES[family]
+    dataset = root / "dataset"
+    write_dataset(
+        dataset,
+        features,
+        {"train": [records[:12], records[12:]], "test": [records[:ROWS]]},
+        labels=[f.name for f in features if f.is_label],
+        statistics=statistics,
+    )
+    return ExperimentConfig.model_validate(
+        {
+            "name": family,
+            "run_dir": str(root / "run"),
+            "data": {"dataset": str(dataset), "batch_size": 4, "labels": labels,
+                     "eval_split": "test"},
+            "model": model,
+            "training": {"steps": 1, "precision": "float32"},
+            "export": {"model_root": str(root / "models"), "model_name": family},
+        }
+    )
+
+
+class Family:
+    """A family's model published into its own repository, and the records to send."""
+
+    def __init__(self, root: Path, family: str) -> None:
+        self.name = family
+        self.task = ExperimentTask(experiment(root, family))
+        self.model = self.task.build_model()
+        publish_model(self.model, self.task, metrics={}, method="test")
+        self.model_root = root / "models"
+        dataset = self.task.config.resolve(self.task.config.data.dataset)
+        read = dict(batch_size=ROWS, shuffle=False, features=list(self.task.inputs))
+        (self.raw, _), *_ = make_dataset(dataset, "test", raw=True, **read)
+        (features, _), *_ = make_dataset(dataset, "test", **read)
+        self.expected = {
+            name: output.numpy() for name, output in self.model(features, training=False).items()
+        }
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Family:
+    return Family(tmp_path_factory.mktemp(request.param), request.param)
+
+
+@pytest.fixture(scope="module")
+def gateway(family: Family) -> Iterator[GatewayThread]:
+    with GatewayThread(family.model_root) as thread:
+        yield thread
+
+
+def json_value(feature: FeatureSpec, value: Any) -> Any:
+    """A raw value as a REST client writes it: an image file as ``{"b64": ...}``, text
+    and categories as strings, numbers as they are."""
+    if feature.type == "image":
+        return {"b64": base64.b64encode(value).decode()}
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def test_grpc_predict_takes_raw_tensors(family: Family, gateway: GatewayThread) -> None:
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = family.name
+    for name, tensor in family.raw.items():
+        request.inputs[name].CopyFrom(tf.make_tensor_proto(tensor.numpy()))
+    with grpc.insecure_channel(gateway.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        response = stub.Predict(request, timeout=30)
+    for name, expected in family.expected.items():
+        answer = tf.make_ndarray(response.outputs[name])
+        np.testing.assert_allclose(answer, expected, rtol=1e-5, atol=1e-6)
+    classes = tf.make_ndarray(response.outputs["species_classes"])
+    assert classes.tolist() == [[name.encode() for name in SPECIES]] * ROWS
+
+
+def test_rest_predict_takes_json_strings_numbers_and_b64(
+    family: Family, gateway: GatewayThread
+) -> None:
+    features = family.task.manifest.features
+    rows = [
+        {
+            name: json_value(features[name], np.asarray(tensor.numpy()[row]).tolist())
+            for name, tensor in family.raw.items()
+        }
+        for row in range(ROWS)
+    ]
+    body = json.dumps({"instances": rows}).encode()
+    request = urllib.request.Request(
+        f"{gateway.rest_url}/v1/models/{family.name}:predict", data=body, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        predictions = json.loads(response.read())["predictions"]
+    for name, expected in family.expected.items():
+        answer = np.array([prediction[name] for prediction in predictions], np.float32)
+        np.testing.assert_allclose(answer, expected, rtol=1e-5, atol=1e-6)
+    assert predictions[0]["species_classes"] == list(SPECIES)
+
+
+def test_grpc_classify_reads_raw_features_from_tf_examples(
+    family: Family, gateway: GatewayThread
+) -> None:
+    request = classification_pb2.ClassificationRequest()
+    request.model_spec.name = family.name
+    for row in range(ROWS):
+        example = request.input.example_list.examples.add()
+        for name, tensor in family.raw.items():
+            values = np.ravel(tensor.numpy()[row]).tolist()
+            feature = example.features.feature[name]
+            if tensor.dtype == tf.string:
+                feature.bytes_list.value.extend(values)
+            else:
+                feature.float_list.value.extend(values)
+    with grpc.insecure_channel(gateway.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        response = stub.Classify(request, timeout=30)
+    scores = family.expected["species"]
+    for row, classification in enumerate(response.result.classifications):
+        assert [entry.label for entry in classification.classes] == list(SPECIES)
+        np.testing.assert_allclose(
+            [entry.score for entry in classification.classes], scores[row], rtol=1e-5, atol=1e-6
+        )
