@@ -36,6 +36,9 @@ FORMAT = "slipway.model/1"
 SIGNATURE_KEY = "serving_default"
 SAVED_MODEL_FILE = "saved_model.pb"
 TFLITE_FILE = "model.tflite"
+# A SavedModel beside a model that cannot run the preprocessing itself (a TFLite core):
+# its serving_default turns the raw features clients send into the model's inputs.
+PREPROCESSING_DIR = "preprocessing"
 _MAX_MANIFEST_BYTES = 16 << 20
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _ORDER = (

@@ -217,6 +217,32 @@ def _checked_class_names(
     return checked
 
 
+def save_preprocessing(preprocessor: FeaturePreprocessor, directory: str | Path) -> dict[str, Any]:
+    """Save ``preprocessor`` alone as a SavedModel: raw features -> the model's inputs.
+
+    For a model that cannot hold string ops and lookup tables itself (a quantized TFLite
+    core), so that the version still takes raw features: the gateway runs this first.
+    Returns its signature as ``slipway.json`` describes one.
+    """
+    specs = list(preprocessor.raw_specs.values())
+    names = [spec.name for spec in specs]
+
+    @tf.autograph.experimental.do_not_convert
+    def preprocess(*tensors: tf.Tensor) -> dict[str, tf.Tensor]:
+        return preprocessor(dict(zip(names, tensors, strict=True)))
+
+    function = tf.function(preprocess, input_signature=specs)
+    tf.saved_model.save(preprocessor, str(directory), signatures={SIGNATURE_KEY: function})
+    concrete = function.get_concrete_function()
+    return {
+        "name": SIGNATURE_KEY,
+        "inputs": {spec.name: _describe(spec) for spec in specs},
+        "outputs": {
+            name: _describe(output) for name, output in concrete.structured_outputs.items()
+        },
+    }
+
+
 @contextlib.contextmanager
 def _tracked(model: keras.Model, preprocessor: FeaturePreprocessor | None) -> Iterator[None]:
     """``preprocessor`` attached to ``model`` while it is saved.

@@ -223,3 +223,36 @@ def test_the_exported_model_reloads_in_keras_as_its_core(served: tuple) -> None:
     assert len(reloaded.weights) == len(model.weights)
     for loaded, trained in zip(reloaded.weights, model.weights, strict=True):
         np.testing.assert_array_equal(loaded.numpy(), trained.numpy())
+
+
+def test_a_tflite_core_serves_raw_features_through_its_preprocessing(
+    dataset: Path, tmp_path: Path
+) -> None:
+    """A quantized core cannot hold lookups or decoders: its version keeps them in a
+    SavedModel beside it, and the gateway's backend runs both."""
+    from contracts.model_manifest import PREPROCESSING_DIR, TFLITE_FILE
+    from serving.backends import open_backend
+    from training.export import save_preprocessing
+
+    model = core_model(dataset)
+    inputs = {f.name: f for f in FEATURES if not f.is_label}
+    preprocessor = FeaturePreprocessor.from_manifest(load_manifest(dataset), inputs)
+    signature = save_preprocessing(preprocessor, tmp_path / PREPROCESSING_DIR)
+    assert signature["inputs"]["img"] == {"dtype": "string", "shape": [-1]}
+    assert signature["outputs"]["img"] == {"dtype": "float32", "shape": [-1, 6, 5, 3]}
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    (tmp_path / TFLITE_FILE).write_bytes(converter.convert())
+
+    backend = open_backend(tmp_path)
+    try:
+        served = backend.signatures["serving_default"]
+        assert served.inputs["color"].dtype == np.dtype(object)
+        assert list(served.outputs) == ["label"]
+        read = dict(batch_size=8, shuffle=False)
+        (raw, _), *_ = make_dataset(dataset, "train", raw=True, **read)
+        (features, _), *_ = make_dataset(dataset, "train", **read)
+        answer = backend.run("serving_default", {k: v.numpy() for k, v in raw.items()})
+        expected = model(features, training=False)["label"].numpy()
+        np.testing.assert_allclose(answer["label"], expected, rtol=1e-4, atol=1e-5)
+    finally:
+        backend.close()
