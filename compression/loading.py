@@ -23,6 +23,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 import research.models.layers  # noqa: F401  (registers the zoo's custom layers for deserialisation)
 import research.models.losses  # noqa: F401  (and its custom losses)
 from compression.errors import CompressionError
+from training.export import class_names_output
 from contracts.model_manifest import (
     MANIFEST_FILE,
     SAVED_MODEL_FILE,
@@ -184,15 +185,20 @@ def output_names(model: keras.Model) -> list[str]:
     return list(model.output_names)
 
 
-def _check_names(root: Path, model: keras.Model, signature: dict[str, Any]) -> None:
-    """Refuse a model whose Keras names differ from the served ones: outputs would move."""
+def _model_signature(root: Path, model: keras.Model, signature: dict[str, Any]) -> dict[str, Any]:
+    """The served signature without what the export adds beside the model's outputs (the
+    class names of its heads), checked to carry the Keras model's names: a model whose
+    names differ would move outputs."""
     model_inputs, model_outputs = sorted(named_inputs(model)), sorted(output_names(model))
-    served_inputs, served_outputs = sorted(signature["inputs"]), sorted(signature["outputs"])
+    added = {class_names_output(output) for output in model_outputs}
+    outputs = {name: spec for name, spec in signature["outputs"].items() if name not in added}
+    served_inputs, served_outputs = sorted(signature["inputs"]), sorted(outputs)
     if model_inputs != served_inputs or model_outputs != served_outputs:
         raise CompressionError(
             f"{root}: the Keras model's names {model_inputs} -> {model_outputs} differ from "
             f"its {SIGNATURE_KEY} signature {served_inputs} -> {served_outputs}"
         )
+    return {**signature, "outputs": outputs}
 
 
 def load_version(version_dir: str | Path) -> LoadedModel:
@@ -205,5 +211,5 @@ def load_version(version_dir: str | Path) -> LoadedModel:
     signature = read_signature(root)
     manifest = _read_manifest(root)
     model = _load_keras(root)
-    _check_names(root, model, signature)
+    signature = _model_signature(root, model, signature)
     return LoadedModel(model=model, manifest=manifest, signature=signature)

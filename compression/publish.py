@@ -19,9 +19,11 @@ from compression.evaluate import Evaluation, TFLiteRunner
 from compression.loading import LoadedModel
 from compression.result import CompressedModel
 from contracts.dataset_manifest import Manifest
-from contracts.model_manifest import write_model_manifest
+from contracts.model_manifest import PREPROCESSING_DIR, write_model_manifest
 from contracts.model_repository import publish_version
-from training.export import git_commit, save_serving_model
+from research.preprocessing.preprocessor import FeaturePreprocessor
+from training.export import git_commit, save_preprocessing, save_serving_model
+from training.publish import class_names
 
 TFLITE_FILE = "model.tflite"
 
@@ -91,18 +93,35 @@ def publish_compressed(
     """
     name = model_name or source.name
     tflite_signature = TFLiteRunner(compressed.tflite).signature()
+    labels = source.loaded.manifest.get("labels", {})
+    # The version is served as its source is: raw where the source preprocesses in graph.
+    raw_inputs = (source.loaded.manifest.get("preprocessing") or {}).get("inputs", [])
+    preprocessor = FeaturePreprocessor.for_inputs(data_manifest, raw_inputs)
 
     def write(directory: Path) -> None:
-        signature = tflite_signature
         if compressed.keras_model is not None:
-            signature = save_serving_model(compressed.keras_model, directory)
+            signature = save_serving_model(
+                compressed.keras_model, directory, preprocessor, class_names(labels)
+            )
+        elif preprocessor.layers:
+            # The TFLite core takes preprocessed inputs: clients send raw features to the
+            # preprocessing SavedModel beside it, whose inputs the version's signature lists.
+            raw = save_preprocessing(preprocessor, directory / PREPROCESSING_DIR)
+            inputs = {
+                input_name: raw["inputs"].get(input_name, spec)
+                for input_name, spec in tflite_signature["inputs"].items()
+            }
+            signature = {**tflite_signature, "inputs": inputs}
+        else:
+            signature = tflite_signature
         (directory / TFLITE_FILE).write_bytes(compressed.tflite)
         write_model_manifest(
             directory,
             {
                 "name": name,
                 "signature": signature,
-                "labels": source.loaded.manifest.get("labels", {}),
+                "labels": labels,
+                "preprocessing": {"inputs": sorted(preprocessor.layers)},
                 "metrics": {split: flat_metrics(evaluation)},
                 "provenance": {
                     "method": compressed.method,

@@ -11,7 +11,12 @@ and provenance::
      "signature": {"name": "serving_default",
                    "inputs": {"image": {"dtype": "float32", "shape": [-1, 8, 8, 1]}},
                    "outputs": {"label": {"dtype": "float32", "shape": [-1, 10]}}},
-     "labels": {"label": ["0", "1", …]}, "metrics": {…}, "provenance": {…}}
+     "labels": {"label": ["0", "1", …]}, "preprocessing": {"inputs": ["image"]},
+     "metrics": {…}, "provenance": {…}}
+
+``preprocessing.inputs`` names the inputs the served graph takes raw (encoded images,
+category and text strings, unscaled numbers) and preprocesses in the graph, as the
+dataset's manifest describes them; a version without it takes the model's own inputs.
 
 A version directory may have been touched by anyone with write access to the
 repository, so reading it executes nothing, follows no symlink out of the directory,
@@ -43,7 +48,7 @@ _MAX_MANIFEST_BYTES = 16 << 20
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _ORDER = (
     "format", "name", "version", "created", "files", "signature",
-    "labels", "metrics", "provenance",
+    "labels", "preprocessing", "metrics", "provenance",
 )  # fmt: skip
 
 

@@ -56,11 +56,10 @@ def publish_model(
     config, manifest = task.config, task.manifest
     name = config.export.model_name or config.name
     labels = label_descriptions(task.io, manifest)
+    preprocessor = task.build_preprocessor()
 
     def save(directory: Path) -> dict[str, Any]:
-        return save_serving_model(
-            model, directory, task.build_preprocessor(), class_names(labels)
-        )
+        return save_serving_model(model, directory, preprocessor, class_names(labels))
 
     if not is_chief:
         with tempfile.TemporaryDirectory(prefix="slipway-export-") as scratch:
@@ -75,6 +74,7 @@ def publish_model(
                 "name": name,
                 "signature": signature,
                 "labels": labels,
+                "preprocessing": {"inputs": sorted(preprocessor.layers)},
                 "metrics": metrics,
                 "provenance": {
                     "experiment": config.name,

@@ -539,9 +539,7 @@ def make_dataset(
 
     seed_pipeline = 0 if split_global_batches else pipeline_id
     base_seed = tf.constant([seed, seed_pipeline], dtype=tf.int64)
-    preprocessor = None if raw else FeaturePreprocessor.from_manifest(
-        manifest, {name: spec for name, spec in inputs.items() if spec.type != "text"}
-    )
+    preprocessor = None if raw else FeaturePreprocessor.for_inputs(manifest, inputs)
     decoder = _BatchDecoder(
         preprocessor, inputs, labels, lengths, base_seed, augment, token_dropout
     )

@@ -183,12 +183,7 @@ class ExperimentTask:
     def build_preprocessor(self) -> FeaturePreprocessor:
         """The model inputs' in-graph preprocessing, as the input pipeline runs it: the
         exported serving graph runs it on the raw features clients send."""
-        features = {
-            name: self.manifest.features[name]
-            for name in self.inputs
-            if name in self.manifest.features and self.manifest.features[name].type != "text"
-        }
-        return FeaturePreprocessor.from_manifest(self.manifest, features)
+        return FeaturePreprocessor.for_inputs(self.manifest, self.inputs)
 
     def build_losses(self) -> dict[str, keras.losses.Loss]:
         """Each head's loss (batch mean), keyed by head; weigh them by ``loss_weights``."""

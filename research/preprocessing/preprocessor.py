@@ -12,7 +12,7 @@ Raw form, per feature type (what a client sends under the feature's dataset name
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import tensorflow as tf
@@ -92,6 +92,17 @@ class FeaturePreprocessor(tf.Module):
     def raw_specs(self) -> dict[str, tf.TensorSpec]:
         """Feature name -> the batched raw tensor a client sends."""
         return dict(self._specs)
+
+    @classmethod
+    def for_inputs(cls, manifest: Manifest, names: Iterable[str]) -> FeaturePreprocessor:
+        """The preprocessing of the model inputs ``names`` that are dataset features (a
+        model input the dataset does not describe is passed through as it is)."""
+        features = {
+            name: manifest.features[name]
+            for name in names
+            if name in manifest.features and manifest.features[name].type in _BUILDERS
+        }
+        return cls.from_manifest(manifest, features)
 
     def __call__(self, raw: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         missing = sorted(set(self.layers) - set(raw))

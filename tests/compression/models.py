@@ -27,9 +27,10 @@ from research.data.synthetic import write_corpus_jsonl
 from research.experiments.model_io import ModelIO
 from research.models import head_spec_from_feature, input_spec_from_feature
 from research.models.registry import build_model
+from research.preprocessing.preprocessor import FeaturePreprocessor
 from tests.training.experiments import build_digits_dataset
 from training.export import save_serving_model
-from training.publish import label_descriptions
+from training.publish import class_names, label_descriptions
 
 SEQUENCE_LENGTH = 24
 
@@ -136,16 +137,18 @@ def train_and_publish(family: str, dataset_dir: Path, model_root: Path) -> Path:
     model = build_model(config, inputs, heads)
     train = training_data(dataset_dir, model, heads, batch_size=64)
     history = fine_tune(model, train, heads, epochs=epochs, learning_rate=3e-3, seed=0)
-    io = ModelIO(inputs=inputs, heads=heads)
+    labels = label_descriptions(ModelIO(inputs=inputs, heads=heads), manifest)
+    preprocessor = FeaturePreprocessor.for_inputs(manifest, inputs)
 
     def write(directory: Path) -> None:
-        signature = save_serving_model(model, directory)
+        signature = save_serving_model(model, directory, preprocessor, class_names(labels))
         write_model_manifest(
             directory,
             {
                 "name": family,
                 "signature": signature,
-                "labels": label_descriptions(io, manifest),
+                "labels": labels,
+                "preprocessing": {"inputs": sorted(preprocessor.layers)},
                 "metrics": {"train": {name: values[-1] for name, values in history.items()}},
                 "provenance": {"dataset": manifest.name, "method": "float32"},
             },

@@ -43,6 +43,7 @@ from contracts.dataset_manifest import load_manifest
 from contracts.model_manifest import MANIFEST_FILE, verify_model_dir, write_model_manifest
 from contracts.model_repository import publish_version
 from research.data.input_pipeline import make_dataset
+from serving.backends import open_backend
 from tests.compression.models import SourceModel, publish_source
 from training.export import save_serving_model
 
@@ -227,9 +228,12 @@ def test_published_version_loads_and_predicts_like_the_result(
     features = {"pixels": run.data.features["pixels"][:16]}
     expected = result.keras_model(features, training=False)["label"].numpy()
 
+    # served from raw pixels, which the version standardizes in its graph as training did
+    (raw, _), *_ = make_dataset(source.dataset_dir, "test", batch_size=16, shuffle=False, raw=True)
     serving = tf.saved_model.load(str(path)).signatures["serving_default"]
-    np.testing.assert_allclose(serving(pixels=tf.constant(features["pixels"]))["label"].numpy(),
-                               expected, atol=1e-5)  # fmt: skip
+    answer = serving(pixels=raw["pixels"])
+    np.testing.assert_allclose(answer["label"].numpy(), expected, atol=1e-5)
+    assert answer["label_classes"].numpy()[0].tolist() == [str(i).encode() for i in range(10)]
     assert (path / "model.tflite").read_bytes() == result.tflite
     interpreter = Interpreter(model_path=str(path / "model.tflite"))
     from_disk = interpreter.get_signature_runner("serving_default")(pixels=features["pixels"])
@@ -261,11 +265,23 @@ def test_integer_only_result_is_published_as_tflite(source: SourceModel, tmp_pat
         tmp_path / "report",
     )
     _, path = run.published
-    assert sorted(p.name for p in path.iterdir()) == ["model.tflite", MANIFEST_FILE]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "model.tflite", "preprocessing", MANIFEST_FILE
+    ]  # fmt: skip
     manifest = json.loads((path / MANIFEST_FILE).read_text())
     assert manifest["provenance"]["method"] == "int8"
     assert manifest["signature"]["inputs"]["pixels"]["dtype"] == "float32"
     assert verify_model_dir(path) == []
+    # the gateway's backend takes raw pixels through the preprocessing beside the core
+    (raw, _), *_ = make_dataset(source.dataset_dir, "test", batch_size=16, shuffle=False, raw=True)
+    backend = open_backend(path)
+    try:
+        answer = backend.run("serving_default", {"pixels": raw["pixels"].numpy()})["label"]
+    finally:
+        backend.close()
+    runner = TFLiteRunner(run.outcomes["int8"].compressed.tflite)
+    direct = runner.invoke(runner.feed({"pixels": run.data.features["pixels"][:16]}))["label"]
+    np.testing.assert_allclose(answer, direct, atol=1e-6)
 
 
 # -- bad input ------------------------------------------------------------------------
