@@ -42,6 +42,7 @@ demo: install
 bench: install
 	$(BIN)/python -m benchmarks.data
 	$(BIN)/python -m benchmarks.training
+	$(BIN)/python -m benchmarks.quality
 	$(BIN)/python -m benchmarks.compression
 	$(BIN)/python -m benchmarks.serving
 	$(BIN)/python -m benchmarks.rollout

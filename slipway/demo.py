@@ -30,20 +30,11 @@ def run(*argv: str) -> None:
 
 def write_raw_data(raw: Path) -> None:
     """Digits (shipped with scikit-learn) and a generated text corpus, plus their specs."""
-    import numpy as np
-    from PIL import Image
-    from sklearn.datasets import load_digits
-
     from research.data.synthetic import write_corpus_jsonl
+    from slipway.raw_data import write_digits_folder, write_digits_npz
 
-    raw.mkdir(parents=True, exist_ok=True)
-    digits = load_digits()
-    images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
-    np.savez(raw / "digits.npz", images=images, target=digits.target)
-    for index, (image, label) in enumerate(zip(images, digits.target, strict=True)):
-        folder = raw / "digits_images" / str(label)
-        folder.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(image, mode="L").save(folder / f"{index:04d}.png")
+    write_digits_npz(raw)
+    write_digits_folder(raw)
     write_corpus_jsonl(raw / "corpus.jsonl", 5000, seed=7)
     for spec in (EXAMPLES / "data").glob("*.yaml"):
         shutil.copy(spec, raw / spec.name)
