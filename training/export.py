@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
@@ -57,9 +58,14 @@ def nonfinite_check(variables: Sequence[tf.Variable]) -> Callable[[], list[str]]
 
 
 def nonfinite_variables(variables: Iterable[tf.Variable]) -> list[str]:
-    """Names of the floating-point variables holding a NaN or an infinity (checked once;
-    see ``nonfinite_check``)."""
-    return nonfinite_check(list(variables))()
+    """Names of the floating-point variables holding a NaN or an infinity, checked once
+    (a compiled check, ``nonfinite_check``, pays off only when repeated: tracing one per
+    export made a process that exports several models retrace again and again)."""
+    return [
+        variable.name
+        for variable in variables
+        if variable.dtype.is_floating and not np.isfinite(variable.numpy()).all()
+    ]
 
 
 # -- the SavedModel -------------------------------------------------------------------
