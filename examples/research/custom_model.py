@@ -242,7 +242,7 @@ def train_until_killed(workdir: Path, checkpoints: Path, timeout: float = 600.0)
 
 
 def predict_with_grpc(target: str, model: str, feature: str, images: np.ndarray) -> Any:
-    """A ``PredictResponse`` from ``PredictionService/Predict`` for a batch of images."""
+    """A ``PredictResponse`` from ``PredictionService/Predict`` for a batch of image files."""
     import grpc
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
@@ -267,7 +267,9 @@ def serve_and_call(task: Any, dataset: Path, model_root: Path, workdir: Path) ->
     (feature,) = task.inputs
     (head,) = task.heads
     name = task.config.export.model_name or task.config.name
-    features, labels = next(iter(make_dataset(dataset, "test", batch_size=8, shuffle=False)))
+    # PNG files, as a client has them: the served graph decodes them as training did.
+    test = make_dataset(dataset, "test", batch_size=8, shuffle=False, raw=True)
+    features, labels = next(iter(test))
     images = features[feature].numpy()
     with GatewayProcess(model_root, log_path=workdir / "gateway.log") as gateway:
         response = predict_with_grpc(gateway.grpc_target, name, feature, images)

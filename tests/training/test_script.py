@@ -65,4 +65,4 @@ def test_a_script_trains_its_own_model_on_two_workers(tmp_path):
     assert "published version 1" in logs[0] and "published version" not in logs[1]
     manifest = json.loads((tmp_path / "models" / "mlp" / "1" / "slipway.json").read_text())
     assert manifest["provenance"]["model_fn"] == "__main__:build"
-    assert list(manifest["signature"]["outputs"]) == ["label"]
+    assert list(manifest["signature"]["outputs"]) == ["label", "label_classes"]
