@@ -10,6 +10,8 @@ Speed is measured the way a serving process sees it: latency at batch 1 after a
 warm-up, as percentiles over many runs, with inputs already in the model's dtype
 (quantizing a float input for an int8 model is done before the clock starts, as a
 client would); throughput is examples per second over the whole split in batches.
+Several flatbuffers measured together (:func:`evaluate_tflite_models`) are timed in
+interleaved rounds, so the ratios of their latencies compare models, not moments.
 """
 
 from __future__ import annotations

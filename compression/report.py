@@ -201,6 +201,15 @@ def table_cells(report: Report, row: Row) -> dict[str, str]:
     return dict(zip(COLUMNS, cells, strict=True))
 
 
+def _choices(details: dict[str, Any]) -> list[str]:
+    """The reasons a method recorded for its choices (int8's scheme, also inside distill)."""
+    found = [details["reason"]] if isinstance(details.get("reason"), str) else []
+    for value in details.values():
+        if isinstance(value, dict):
+            found += _choices(value)
+    return found
+
+
 def render_markdown(report: Report) -> str:
     model = report.model
     reference = report.reference_row()
@@ -229,6 +238,10 @@ def render_markdown(report: Report) -> str:
     for row in report.rows:
         cells = [cell.replace("|", "\\|") for cell in table_cells(report, row).values()]
         lines.append("| " + " | ".join(cells) + " |")
+    choices = [(row.method, reason) for row in report.rows for reason in _choices(row.details)]
+    if choices:
+        lines += ["", "## What the methods chose", ""]
+        lines += [f"- **{method}**: {reason}" for method, reason in choices]
     if report.published:
         lines += [
             "",

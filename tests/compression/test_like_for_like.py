@@ -106,3 +106,16 @@ def test_latencies_are_timed_in_interleaved_rounds_of_rotating_order() -> None:
     timed = log[2 * 3 :]  # after two warm-up rounds of each
     rounds = [timed[index : index + 3] for index in range(0, len(timed), 3)]
     assert rounds == [list("abc"), list("bca"), list("cab")] * 2
+
+
+def test_the_markdown_says_what_int8_chose_and_why() -> None:
+    built = report()
+    rows = list(built.rows)
+    rows[2] = Row("int8", "TFLite", rows[2].evaluation, PASSED, 0.0, {"reason": "full: kept"})
+    rows.append(
+        Row("distill+int8", "TFLite", rows[2].evaluation, PASSED, 0.0,
+            {"distill": {}, "int8": {"reason": "attention_float: fastest"}})
+    )  # fmt: skip
+    markdown = render_markdown(Report(built.model, "d", "test", 1.0, built.settings, rows))
+    assert "- **int8**: full: kept" in markdown
+    assert "- **distill+int8**: attention_float: fastest" in markdown
