@@ -550,7 +550,9 @@ def evaluate_tflite_models(
     settings = settings or EvalSettings()
     if reference not in tflites:
         raise CompressionError(f"the reference model {reference!r} is not among those measured")
-    runners = {name: TFLiteRunner(flatbuffer, settings.num_threads) for name, flatbuffer in tflites.items()}
+    runners = {
+        name: TFLiteRunner(flatbuffer, settings.num_threads) for name, flatbuffer in tflites.items()
+    }
     latencies = interleaved_latencies_ms(runners, _latency_examples(data, settings), settings)
     order = [reference] + [name for name in tflites if name != reference]
     evaluations: dict[str, Evaluation] = {}

@@ -193,9 +193,12 @@ def choose_int8(
     _measure(trials, judge)
     full = trials[0]
     if full.passes(judge.max_accuracy_drop) and (full.speedup or 0.0) >= 1.0:
-        chosen, reason = full, (
-            f"full: passes the gate on the validation split and is not slower than float32 "
-            f"({_figures(full)})"
+        chosen, reason = (
+            full,
+            (
+                f"full: passes the gate on the validation split and is not slower than float32 "
+                f"({_figures(full)})"
+            ),
         )
     else:
         trials += [_convert(model, samples, scheme) for scheme in candidates[1:]]

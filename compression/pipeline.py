@@ -370,9 +370,7 @@ def compress(
     progress(f"measuring the float32 baseline on {data.num_examples} {options.split} examples")
     baseline = evaluate_saved_model(model_dir, data, settings=options.settings)
     rows = [Row("float32", "SavedModel", baseline, BASELINE)]
-    runner = MethodRunner(
-        loaded, dataset_dir, options.method_options, options.max_accuracy_drop
-    )
+    runner = MethodRunner(loaded, dataset_dir, options.method_options, options.max_accuracy_drop)
     compressed_models: dict[str, CompressedModel] = {}
     for method in options.methods:
         progress(f"{method}: compressing")

@@ -101,8 +101,5 @@ def attention_score_tensors(flatbuffer: bytes) -> list[str]:
         if any(path_op.name == "BATCH_MATMUL" for path_op in path):  # not a classifier's
             chosen.update(id(path_op) for path_op in path)
     return [
-        graph.tensor_names[tensor]
-        for op in graph.ops
-        if id(op) in chosen
-        for tensor in op.outputs
+        graph.tensor_names[tensor] for op in graph.ops if id(op) in chosen for tensor in op.outputs
     ]
