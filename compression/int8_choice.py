@@ -178,7 +178,10 @@ def _pick(trials: Sequence[Trial], max_drop: float) -> tuple[Trial, str]:
 
 
 def _figures(trial: Trial) -> str:
-    drop = "no accuracy" if trial.accuracy_drop is None else f"−{trial.accuracy_drop:.2f} pts"
+    if trial.accuracy_drop is None:
+        drop = "no classification head"
+    else:
+        drop = f"{round(-trial.accuracy_drop, 2) + 0.0:+.2f} pts"
     speed = "" if trial.speedup is None else f", {trial.speedup:.2f}× float32's speed"
     return drop + speed
 
