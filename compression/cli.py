@@ -13,20 +13,31 @@ from pathlib import Path
 from rich.console import Console
 
 from compression.errors import CompressionError
-from compression.methods import METHOD_NAMES
+from compression.methods import DEFAULT_ALPHA, DEFAULT_TEMPERATURE, METHOD_NAMES, THEN_METHODS
 from contracts.dataset_manifest import DatasetError, load_manifest
 from contracts.model_manifest import SAVED_MODEL_FILE
 
 USER_ERRORS = (CompressionError, DatasetError)
 
-# What fits a terminal; the Markdown report has every column.
-CONSOLE_COLUMNS = (
-    "method", "artifact", "accuracy", "Δ accuracy (pts)", "agreement", "size", "gz size",
-    "size ratio", "p50 (ms)", "status",
+# What fits a terminal; piped output (a log, a CI artifact) and the Markdown report have
+# every column.
+TERMINAL_COLUMNS = (
+    "method", "artifact", "accuracy", "Δ accuracy (pts)", "size ratio", "gz ratio",
+    "p50 (ms)", "speed-up", "status",
 )  # fmt: skip
 _TEXT_COLUMNS = ("method", "artifact", "status")
+# Rich lays out for 80 columns when it cannot ask a terminal; a table read from a pipe
+# must keep every cell whole, so piped output gets a width no row reaches.
+PIPE_WIDTH = 1000
 
 console = Console(log_path=False)
+
+
+def results_console() -> Console:
+    """The terminal's console, or a wide one that never wraps when stdout is a pipe."""
+    if console.is_terminal:
+        return console
+    return Console(log_path=False, width=PIPE_WIDTH, soft_wrap=True)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,8 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compress",
         help="prune / quantize a model version, report accuracy, size and latency, publish",
         description="Compress a model version with one or more methods, measure each result "
-        "against the float32 SavedModel on the dataset's test split (accuracy, agreement, "
-        "size, gzipped size, batch-1 latency, throughput), write a JSON/Markdown/PNG report "
+        "like for like against the float32 TFLite conversion on the dataset's test split "
+        "(accuracy, agreement, size and gzipped size ratios, batch-1 speed-up, throughput), write a JSON/Markdown/PNG report "
         "and optionally publish a passing result as a new version of a model repository.",
     )
     compress.add_argument("model", type=Path, help="model version directory (<repo>/<model>/<n>)")
@@ -72,6 +83,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sparsity", type=float, default=0.5, help="target sparsity of prune and prune_qat"
     )
     compress.add_argument("--clusters", type=int, default=16, help="weight clusters per layer")
+    compress.add_argument(
+        "--student",
+        type=Path,
+        metavar="EXPERIMENT_YAML",
+        help="distill: the student's experiment file (its model, epochs and learning rate; "
+        "it trains on the teacher's dataset)",
+    )
+    compress.add_argument(
+        "--then",
+        choices=THEN_METHODS,
+        help="distill: quantize the trained student too (int8 as --method int8 does)",
+    )
+    compress.add_argument(
+        "--temperature",
+        type=float,
+        default=DEFAULT_TEMPERATURE,
+        help=f"distill: softmax temperature of the soft targets (default {DEFAULT_TEMPERATURE:g})",
+    )
+    compress.add_argument(
+        "--alpha",
+        type=float,
+        default=DEFAULT_ALPHA,
+        help=f"distill: share of the soft-target loss, the rest on the labels "
+        f"(default {DEFAULT_ALPHA:g})",
+    )
     compress.add_argument("--split", default="test", help="split to evaluate on (default: test)")
     compress.add_argument("--name", help="model name in --out (default: the source model's)")
     compress.add_argument(
@@ -95,7 +131,7 @@ def run_compress(args: argparse.Namespace) -> int:
 
     from compression.evaluate import EvalSettings
     from compression.pipeline import CompressOptions, MethodOptions, compress
-    from compression.report import table_cells
+    from compression.report import COLUMNS, table_cells
 
     if args.epochs is not None and args.epochs < 1:
         raise CompressionError(f"--epochs must be >= 1, got {args.epochs}")
@@ -103,7 +139,14 @@ def run_compress(args: argparse.Namespace) -> int:
         raise CompressionError(f"--latency-runs must be >= 1, got {args.latency_runs}")
     epochs = {} if args.epochs is None else {"epochs": args.epochs}
     method_options = MethodOptions(
-        target_sparsity=args.sparsity, clusters=args.clusters, verbose=1, **epochs
+        target_sparsity=args.sparsity,
+        clusters=args.clusters,
+        verbose=1,
+        student=args.student,
+        then=args.then,
+        temperature=args.temperature,
+        alpha=args.alpha,
+        **epochs,
     )
     options = CompressOptions(
         methods=args.method,
@@ -124,14 +167,16 @@ def run_compress(args: argparse.Namespace) -> int:
             report_dir,
             progress=lambda message: _progress(status, message),
         )
+    out = results_console()
+    columns = TERMINAL_COLUMNS if out.is_terminal else COLUMNS
     table = Table(title=f"{run.source.name} version {run.source.version}: compression results")
-    for column in CONSOLE_COLUMNS:
+    for column in columns:
         table.add_column(column, justify="left" if column in _TEXT_COLUMNS else "right")
     for row in run.report.rows:
         cells = table_cells(run.report, row)
         style = {"failed": "red", "baseline": "bold"}.get(row.status)
-        table.add_row(*(cells[column] for column in CONSOLE_COLUMNS[:-1]), row.status, style=style)
-    console.print(table)
+        table.add_row(*(cells[column] for column in columns[:-1]), row.status, style=style)
+    out.print(table)
     for row in run.report.rows:
         if row.note:
             console.print(f"[red]{row.method}:[/] {row.note}")

@@ -77,6 +77,9 @@ def to_tflite(
     int8_io: bool = False,
     float16: bool = False,
     integer_only: bool = False,
+    int16_activations: bool = False,
+    float_tensors: Iterable[str] = (),
+    float_ops: Iterable[str] = (),
 ) -> bytes:
     """Convert a Keras model (or a SavedModel directory) to a TFLite flatbuffer.
 
@@ -85,15 +88,28 @@ def to_tflite(
       to the signature by name) the activations are calibrated too (full integer);
     - ``integer_only`` refuses any op without an int8 kernel instead of leaving it float;
     - ``int8_io`` makes float inputs and outputs int8 (integer id inputs stay as they are);
-    - ``float16`` stores weights as float16.
+    - ``float16`` stores weights as float16;
+    - ``int16_activations`` calibrates activations to int16 with int8 weights ("16x8"),
+      falling back to float kernels for ops without a 16x8 one;
+    - ``float_tensors`` (output tensor names) and ``float_ops`` (builtin op names) stay
+      float in an otherwise int8 model: selective quantization through the
+      quantization debugger, whose deny lists are the converter's only way to say so.
     The flatbuffer's signature names are checked against the model's before returning.
     """
+    float_tensors, float_ops = list(float_tensors), list(float_ops)
+    if (float_tensors or float_ops) and representative_dataset is None:
+        raise CompressionError("selective quantization needs a representative dataset")
     converter = _converter(model_or_saved_model)
     converter.optimizations = list(optimizations)
     if representative_dataset is not None:
         converter.representative_dataset = representative_dataset
     if integer_only:
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    if int16_activations:
+        converter.target_spec.supported_ops = [
+            tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8,
+            tf.lite.OpsSet.TFLITE_BUILTINS,
+        ]
     if int8_io:
         converter.inference_input_type = tf.int8
         converter.inference_output_type = tf.int8
@@ -104,11 +120,29 @@ def to_tflite(
             # The converter calibrates int8 with TensorFlow's own deprecated interpreter;
             # its deprecation warning is addressed to TensorFlow, not to our users.
             warnings.filterwarnings("ignore", message=r"\s*Warning: tf\.lite\.Interpreter")
-            flatbuffer = converter.convert()
+            if float_tensors or float_ops:
+                flatbuffer = _selective(converter, float_tensors, float_ops)
+            else:
+                flatbuffer = converter.convert()
     except Exception as exc:  # the converter raises ConverterError, RuntimeError, ValueError...
         raise CompressionError(f"TFLite conversion failed: {_first_lines(str(exc))}") from None
     check_signature(flatbuffer, *_expected_names(model_or_saved_model))
     return flatbuffer
+
+
+def _selective(
+    converter: tf.lite.TFLiteConverter, float_tensors: list[str], float_ops: list[str]
+) -> bytes:
+    """Quantize all but the deny-listed tensors and ops (which get float kernels)."""
+    options = tf.lite.experimental.QuantizationDebugOptions(
+        denylisted_nodes=float_tensors or None, denylisted_ops=float_ops or None
+    )
+    # The debugger calibrates through the converter's own representative dataset; its
+    # debug dataset is only read by debugger.run(), which selective conversion skips.
+    debugger = tf.lite.experimental.QuantizationDebugger(
+        converter=converter, debug_dataset=converter.representative_dataset, debug_options=options
+    )
+    return debugger.get_nondebug_quantized_model()
 
 
 def _expected_names(model_or_saved_model: keras.Model | str | Path) -> tuple[list[str], list[str]]:

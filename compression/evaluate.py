@@ -10,6 +10,8 @@ Speed is measured the way a serving process sees it: latency at batch 1 after a
 warm-up, as percentiles over many runs, with inputs already in the model's dtype
 (quantizing a float input for an int8 model is done before the clock starts, as a
 client would); throughput is examples per second over the whole split in batches.
+Several flatbuffers measured together (:func:`evaluate_tflite_models`) are timed in
+interleaved rounds, so the ratios of their latencies compare models, not moments.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import tensorflow as tf
 
 from compression.errors import CompressionError
 from compression.finetune import check_inputs, open_dataset, sequence_length
+from compression.latency import interleaved_latencies_ms
 from contracts.model_manifest import MANIFEST_FILE, SIGNATURE_KEY
 from research.data.input_pipeline import make_dataset
 
@@ -420,18 +423,10 @@ def _predict(runner: Runner, data: EvalData, settings: EvalSettings) -> tuple[di
     return outputs, passes * examples / max(elapsed, 1e-9)
 
 
-def _latencies_ms(runner: Runner, data: EvalData, settings: EvalSettings) -> np.ndarray:
-    """Batch-1 latency of ``latency_runs`` invokes cycling through the split's examples."""
+def _latency_examples(data: EvalData, settings: EvalSettings) -> list[dict[str, np.ndarray]]:
+    """The single-example batches latency cycles through (the split's first ones)."""
     count = min(data.num_examples, settings.latency_runs)
-    fed = [runner.feed(_slice(data.features, index, index + 1)) for index in range(count)]
-    for run in range(settings.warmup_runs):
-        runner.invoke(fed[run % count])
-    times = np.empty(settings.latency_runs)
-    for run in range(settings.latency_runs):
-        started = time.perf_counter_ns()
-        runner.invoke(fed[run % count])
-        times[run] = (time.perf_counter_ns() - started) / 1e6
-    return times
+    return [_slice(data.features, index, index + 1) for index in range(count)]
 
 
 def _scores_classes(outputs: np.ndarray) -> bool:
@@ -487,10 +482,14 @@ def _evaluate(
     sizes: tuple[int, int],
     reference: Mapping[str, np.ndarray] | None,
     settings: EvalSettings,
+    latencies: np.ndarray | None = None,
 ) -> Evaluation:
+    """Score ``runner`` on ``data``; its latencies are timed here unless given."""
     outputs, throughput = _predict(runner, data, settings)
     accuracy, mae, agreement, largest = score(outputs, data, reference)
-    latencies = _latencies_ms(runner, data, settings)
+    if latencies is None:
+        examples = _latency_examples(data, settings)
+        latencies = interleaved_latencies_ms({"model": runner}, examples, settings)["model"]
     return Evaluation(
         examples=data.num_examples,
         accuracy=accuracy,
@@ -532,6 +531,43 @@ def evaluate_tflite(
     data = _data_for(dataset, split, runner.signature, settings)
     sizes = (len(tflite), gzip_size(tflite))
     return _evaluate(runner, data, sizes, reference_outputs, settings)
+
+
+def evaluate_tflite_models(
+    tflites: Mapping[str, bytes],
+    data: EvalData,
+    *,
+    reference: str,
+    settings: EvalSettings | None = None,
+) -> dict[str, Evaluation]:
+    """Measure several flatbuffers like for like, by name.
+
+    All run in the same LiteRT runner with the same threads; their batch-1 latencies are
+    timed in interleaved rounds (:mod:`compression.latency`) so their ratios compare the
+    models and not the moments they were timed at. Agreement is taken against the outputs
+    of ``tflites[reference]`` (the float32 conversion), whose own agreement is None.
+    """
+    settings = settings or EvalSettings()
+    if reference not in tflites:
+        raise CompressionError(f"the reference model {reference!r} is not among those measured")
+    runners = {
+        name: TFLiteRunner(flatbuffer, settings.num_threads) for name, flatbuffer in tflites.items()
+    }
+    latencies = interleaved_latencies_ms(runners, _latency_examples(data, settings), settings)
+    order = [reference] + [name for name in tflites if name != reference]
+    evaluations: dict[str, Evaluation] = {}
+    for name in order:
+        flatbuffer = tflites[name]
+        outputs = None if name == reference else evaluations[reference].outputs
+        evaluations[name] = _evaluate(
+            runners[name],
+            data,
+            (len(flatbuffer), gzip_size(flatbuffer)),
+            outputs,
+            settings,
+            latencies[name],
+        )
+    return {name: evaluations[name] for name in tflites}
 
 
 def evaluate_saved_model(

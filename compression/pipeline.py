@@ -2,10 +2,13 @@
 
 The order is chosen so that bad input costs nothing and publishes nothing: method names
 and the publish choice are checked first, then the source version and the dataset
-against each other, and only then do methods run. Every result is measured on the same
-held-out examples as the float32 baseline (the source SavedModel), a result that loses
-more than the allowed accuracy is marked failed, the report is written, and only a
-passing result can become a new version in the repository.
+against each other, and only then do methods run. Every result is compared like for
+like with the float32 TFLite conversion of the same model, the file it would replace:
+the same held-out examples, the same LiteRT runner and threads, batch-1 latencies timed
+in interleaved rounds. A result that loses more than the allowed accuracy against that
+conversion is marked failed (the conversion itself is judged against the source
+SavedModel), the report is written, and only a passing result can become a new version
+in the repository.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import tf_keras as keras
 
 from compression import clustering, pruning, ptq, qat
+from compression import distill as distillation
 from compression.errors import CompressionError
 from compression.evaluate import (
     EvalData,
@@ -25,7 +29,7 @@ from compression.evaluate import (
     Evaluation,
     cpu_description,
     evaluate_saved_model,
-    evaluate_tflite,
+    evaluate_tflite_models,
     load_eval_data,
 )
 from compression.finetune import (
@@ -35,8 +39,15 @@ from compression.finetune import (
     open_dataset,
     training_data,
 )
+from compression.int8_choice import Judge, choose_int8
 from compression.loading import LoadedModel, load_version
-from compression.methods import INTEGER_METHODS, METHOD_NAMES
+from compression.methods import (
+    DEFAULT_ALPHA,
+    DEFAULT_TEMPERATURE,
+    INTEGER_METHODS,
+    METHOD_NAMES,
+    THEN_METHODS,
+)
 from compression.publish import Source, publish_compressed
 from compression.report import BASELINE, FAILED, PASSED, Report, ReportFiles, Row, write_report
 from compression.result import CompressedModel
@@ -44,6 +55,8 @@ from contracts.model_manifest import validate_model_name
 
 REFERENCE_METHOD = "float32"
 AUTO = "auto"
+VALIDATION_SPLIT = "validation"
+JUDGE_EXAMPLES = 1000  # enough to resolve a 1-point drop, few enough to be quick
 
 Progress = Callable[[str], None]
 
@@ -73,6 +86,10 @@ class MethodOptions:
     calibration_samples: int = ptq.DEFAULT_SAMPLES
     seed: int = 0
     verbose: int = 0  # Keras progress bars while fine-tuning
+    student: Path | None = None  # the student experiment of ``distill``
+    then: str | None = None  # what ``distill`` applies to its student afterwards
+    temperature: float = DEFAULT_TEMPERATURE
+    alpha: float = DEFAULT_ALPHA
 
 
 class MethodRunner:
@@ -83,13 +100,23 @@ class MethodRunner:
     never builds it.
     """
 
-    def __init__(self, loaded: LoadedModel, dataset_dir: Path, options: MethodOptions) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        dataset_dir: Path,
+        options: MethodOptions,
+        max_accuracy_drop: float = 1.0,
+    ) -> None:
         self.model = loaded.model
+        self.signature = loaded.signature
         self.heads = infer_heads(loaded.model, loaded.manifest.get("labels"))
         self.dataset_dir = dataset_dir
         self.options = options
+        self.max_accuracy_drop = max_accuracy_drop
         self._train: TrainingData | None = None
         self._representative: list | None = None
+        self._float32: CompressedModel | None = None
+        self._judge: Judge | None = None
 
     def train(self) -> TrainingData:
         if self._train is None:
@@ -105,6 +132,23 @@ class MethodRunner:
                 seed=self.options.seed,
             )
         return self._representative
+
+    def float32(self) -> CompressedModel:
+        if self._float32 is None:
+            self._float32 = ptq.float32(self.model)
+        return self._float32
+
+    def judge(self) -> Judge:
+        """How int8 schemes are chosen: on the validation split (the training split when
+        there is none), never the test split the report is measured on."""
+        if self._judge is None:
+            splits = open_dataset(self.dataset_dir, "train").splits
+            split = VALIDATION_SPLIT if VALIDATION_SPLIT in splits else "train"
+            data = load_eval_data(
+                self.dataset_dir, self.signature, split, max_examples=JUDGE_EXAMPLES
+            )
+            self._judge = Judge(data, self.float32().tflite, self.max_accuracy_drop)
+        return self._judge
 
     def _retrain(self, method: str) -> CompressedModel:
         options = self.options
@@ -132,22 +176,55 @@ class MethodRunner:
             return clustering.cluster(
                 self.model, self.train(), number_of_clusters=options.clusters, **common
             )
+        if method == "distill":
+            return self._distill()
         raise CompressionError(f"unsupported compression method {method!r}")
+
+    def _distill(self) -> CompressedModel:
+        """The student in float32, or quantized by ``then`` (its row is named after both)."""
+        options = self.options
+        if options.student is None:
+            raise CompressionError("distill needs --student, the student experiment file")
+        student = distillation.distill(
+            self.model,
+            self.train(),
+            distillation.Student.load(options.student),
+            heads=self.heads,
+            temperature=options.temperature,
+            alpha=options.alpha,
+            seed=options.seed,
+            verbose=options.verbose,
+        )
+        if options.then is None:
+            return student
+        assert student.keras_model is not None
+        # The int8 schemes are judged against the student's own float32 conversion.
+        judge = replace(self.judge(), float_tflite=student.tflite)
+        quantized = choose_int8(student.keras_model, self.representative(), judge)
+        return CompressedModel(
+            f"distill+{options.then}",
+            quantized.tflite,
+            None,
+            {"distill": student.details, options.then: quantized.details},
+        )
 
     def run(self, method: str) -> CompressedModel:
         """The result of ``method``, named after it."""
         if method == "float32":
-            result = ptq.float32(self.model)
+            result = self.float32()
         elif method == "dynamic_range":
             result = ptq.dynamic_range(self.model)
         elif method == "float16":
             result = ptq.float16(self.model)
-        elif method in ("int8", "int8_io"):
-            result = ptq.full_integer(
-                self.model, self.representative(), int8_io=method == "int8_io"
-            )
+        elif method == "int8":
+            result = choose_int8(self.model, self.representative(), self.judge())
+        elif method == "int8_io":
+            # Integer-only accelerators need every op int8: no float fallback here.
+            result = ptq.full_integer(self.model, self.representative(), int8_io=True)
         else:
             result = self._retrain(method)
+        if method == "distill":
+            return result  # named after what was applied to the student too
         return replace(result, method=method)
 
 
@@ -175,6 +252,19 @@ class CompressOptions:
         object.__setattr__(self, "methods", [REFERENCE_METHOD] + [
             name for name in methods if name != REFERENCE_METHOD
         ])  # fmt: skip
+        distilling = "distill" in self.methods
+        if distilling and self.method_options.student is None:
+            raise CompressionError("--method distill needs --student STUDENT_EXPERIMENT.yaml")
+        if distilling:
+            distillation.Student.load(self.method_options.student)  # bad files fail first
+        if not distilling and self.method_options.student is not None:
+            raise CompressionError("--student is only used by --method distill")
+        if self.method_options.then is not None and not distilling:
+            raise CompressionError("--then applies to --method distill only")
+        if self.method_options.then not in (None, *THEN_METHODS):
+            raise CompressionError(
+                f"--then {self.method_options.then}: choose from {', '.join(THEN_METHODS)}"
+            )
         if self.max_accuracy_drop < 0:
             raise CompressionError(
                 f"--max-accuracy-drop must be >= 0 points, got {self.max_accuracy_drop:g}"
@@ -280,20 +370,28 @@ def compress(
     progress(f"measuring the float32 baseline on {data.num_examples} {options.split} examples")
     baseline = evaluate_saved_model(model_dir, data, settings=options.settings)
     rows = [Row("float32", "SavedModel", baseline, BASELINE)]
-    runner = MethodRunner(loaded, dataset_dir, options.method_options)
-    outcomes: dict[str, Outcome] = {}
+    runner = MethodRunner(loaded, dataset_dir, options.method_options, options.max_accuracy_drop)
+    compressed_models: dict[str, CompressedModel] = {}
     for method in options.methods:
         progress(f"{method}: compressing")
         try:
-            compressed = runner.run(method)
+            compressed_models[method] = runner.run(method)
         except CompressionError as exc:
             raise CompressionError(f"{method}: {exc}") from None
-        progress(f"{method}: measuring")
-        evaluation = evaluate_tflite(
-            compressed.tflite, data, reference_outputs=baseline.outputs, settings=options.settings
-        )
-        status, drop, note = gate(baseline, evaluation, options.max_accuracy_drop)
-        row = Row(method, "TFLite", evaluation, status, drop, compressed.details, note)
+    progress(f"measuring {', '.join(options.methods)} side by side")
+    evaluations = evaluate_tflite_models(
+        {method: result.tflite for method, result in compressed_models.items()},
+        data,
+        reference=REFERENCE_METHOD,
+        settings=options.settings,
+    )
+    outcomes: dict[str, Outcome] = {}
+    for method, compressed in compressed_models.items():
+        evaluation = evaluations[method]
+        # Conversion is judged against the SavedModel; every method against the conversion.
+        against = baseline if method == REFERENCE_METHOD else evaluations[REFERENCE_METHOD]
+        status, drop, note = gate(against, evaluation, options.max_accuracy_drop)
+        row = Row(compressed.method, "TFLite", evaluation, status, drop, compressed.details, note)
         outcomes[method] = Outcome(compressed, row)
         rows.append(row)
     report = Report(

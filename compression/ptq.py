@@ -8,7 +8,7 @@ conversion of the untouched model is the baseline every level is compared with.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,15 +71,7 @@ def full_integer(
     inputs (token ids) are left as they are.
     """
     samples = list(representative)
-    if not samples:
-        raise CompressionError("full integer quantization needs representative samples")
-    expected = set(named_inputs(model))
-    for index, sample in enumerate(samples):
-        if set(sample) != expected:
-            raise CompressionError(
-                f"representative sample {index} has inputs {sorted(sample)}, "
-                f"the model reads {sorted(expected)}"
-            )
+    check_samples(model, samples)
     flatbuffer = to_tflite(
         model,
         optimizations=[tf.lite.Optimize.DEFAULT],
@@ -95,6 +87,19 @@ def full_integer(
         **io_types(flatbuffer),
     }
     return CompressedModel("int8_io" if int8_io else "int8", flatbuffer, None, details)
+
+
+def check_samples(model: keras.Model, samples: Sequence[dict[str, np.ndarray]]) -> None:
+    """Calibration needs samples, each keyed exactly by the model's input names."""
+    if not samples:
+        raise CompressionError("integer quantization needs representative samples")
+    expected = set(named_inputs(model))
+    for index, sample in enumerate(samples):
+        if set(sample) != expected:
+            raise CompressionError(
+                f"representative sample {index} has inputs {sorted(sample)}, "
+                f"the model reads {sorted(expected)}"
+            )
 
 
 def representative_dataset(

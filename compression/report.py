@@ -2,8 +2,8 @@
 
 Three files from the same rows, the float32 baseline always first so every other row
 reads against it: ``report.json`` (every measured number, for tools), ``report.md`` (a
-table for people and code review) and ``report.png`` (accuracy against size and against
-latency, one point per method). Nothing here computes a figure of its own beyond ratios
+table for people and code review) and ``report.png`` (accuracy against raw size, gzipped
+size and latency, one point per method). Nothing here computes a figure of its own beyond ratios
 and differences of measured ones.
 """
 
@@ -23,6 +23,7 @@ JSON_FILE = "report.json"
 MARKDOWN_FILE = "report.md"
 PLOT_FILE = "report.png"
 
+TFLITE = "TFLite"
 BASELINE = "baseline"
 PASSED = "passed"
 FAILED = "failed"
@@ -49,8 +50,10 @@ class Row:
 class Report:
     """Everything the report files show. ``rows[0]`` is the baseline.
 
-    Size ratios are taken against the row named ``size_reference`` (the float32 TFLite
-    conversion when there is one: the file an int8 model replaces), else the baseline.
+    Every TFLite row's size, gzipped size and latency are divided by those of the TFLite
+    row named ``size_reference``: the float32 conversion of the same model, the file a
+    compressed model replaces, run by the same runner. The baseline SavedModel row is
+    there for accuracy (conversion must not lose any) and has no ratios.
     """
 
     model: dict[str, Any]
@@ -72,16 +75,34 @@ class Report:
         return self.rows[0]
 
     def reference_row(self) -> Row:
+        """The float32 TFLite conversion every method's result replaces."""
         for row in self.rows[1:]:
-            if row.method == self.size_reference:
+            if row.method == self.size_reference and row.artifact == TFLITE:
                 return row
-        return self.baseline
+        raise ValueError(f"the report has no {self.size_reference} TFLite row to compare with")
 
-    def size_ratio(self, row: Row) -> float:
+    def _comparable(self, row: Row) -> bool:
+        """Only TFLite results are compared with the float32 TFLite: a SavedModel runs in
+        another runtime and is stored as a directory, so its ratios would mislead."""
+        return row.artifact == TFLITE
+
+    def size_ratio(self, row: Row) -> float | None:
+        """Raw flatbuffer bytes against the float32 TFLite's raw bytes."""
+        if not self._comparable(row):
+            return None
         return row.evaluation.size_bytes / self.reference_row().evaluation.size_bytes
 
-    def gzip_ratio(self, row: Row) -> float:
+    def gzip_ratio(self, row: Row) -> float | None:
+        """Gzipped bytes against the gzipped float32 TFLite (what zeros of pruning win)."""
+        if not self._comparable(row):
+            return None
         return row.evaluation.gzip_bytes / self.reference_row().evaluation.gzip_bytes
+
+    def speedup(self, row: Row) -> float | None:
+        """float32 TFLite's median batch-1 latency over this row's, timed interleaved."""
+        if not self._comparable(row):
+            return None
+        return self.reference_row().evaluation.latency_p50_ms / row.evaluation.latency_p50_ms
 
     def to_json(self) -> dict[str, Any]:
         reference = self.reference_row()
@@ -93,7 +114,7 @@ class Report:
             "max_accuracy_drop": self.max_accuracy_drop,
             "settings": self.settings.to_json(),
             "machine": self.machine,
-            "size_reference": {"method": reference.method, "artifact": reference.artifact},
+            "reference": {"method": reference.method, "artifact": reference.artifact},
             "results": [
                 {
                     "method": row.method,
@@ -103,6 +124,7 @@ class Report:
                     "accuracy_drop": row.accuracy_drop,
                     "size_ratio": self.size_ratio(row),
                     "gzip_ratio": self.gzip_ratio(row),
+                    "speedup": self.speedup(row),
                     **row.evaluation.to_json(),
                     "details": row.details,
                 }
@@ -123,7 +145,8 @@ class ReportFiles:
 
 COLUMNS = (
     "method", "artifact", "accuracy", "Δ accuracy (pts)", "agreement", "max abs diff",
-    "size", "gz size", "size ratio", "p50 (ms)", "p99 (ms)", "throughput (ex/s)", "status",
+    "size", "size ratio", "gz size", "gz ratio", "p50 (ms)", "speed-up", "p99 (ms)",
+    "throughput (ex/s)", "status",
 )  # fmt: skip
 
 
@@ -133,6 +156,10 @@ def _percent(value: float | None) -> str:
 
 def _number(value: float | None, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}g}"
+
+
+def _ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
 
 
 def human_bytes(count: int) -> str:
@@ -162,14 +189,25 @@ def table_cells(report: Report, row: Row) -> dict[str, str]:
         _percent(evaluation.mean_agreement),
         _number(evaluation.max_abs_diff),
         human_bytes(evaluation.size_bytes),
+        _ratio(report.size_ratio(row)),
         human_bytes(evaluation.gzip_bytes),
-        f"{report.size_ratio(row):.2f}×",
+        _ratio(report.gzip_ratio(row)),
         f"{evaluation.latency_p50_ms:.3f}",
+        _ratio(report.speedup(row)),
         f"{evaluation.latency_p99_ms:.3f}",
         f"{evaluation.throughput:,.0f}",
         _status(report, row),
     ]
     return dict(zip(COLUMNS, cells, strict=True))
+
+
+def _choices(details: dict[str, Any]) -> list[str]:
+    """The reasons a method recorded for its choices (int8's scheme, also inside distill)."""
+    found = [details["reason"]] if isinstance(details.get("reason"), str) else []
+    for value in details.values():
+        if isinstance(value, dict):
+            found += _choices(value)
+    return found
 
 
 def render_markdown(report: Report) -> str:
@@ -182,12 +220,17 @@ def render_markdown(report: Report) -> str:
         f"- evaluated on split `{report.split}` of `{report.dataset}` "
         f"({report.baseline.evaluation.examples} examples)",
         f"- accuracy gate: a result may lose at most {report.max_accuracy_drop:g} percentage "
-        "points on any classification head",
-        f"- size ratio: against the {reference.method} {reference.artifact} "
-        f"({human_bytes(reference.evaluation.size_bytes)})",
-        f"- latency: batch 1, {report.settings.warmup_runs} warm-up runs, percentiles over "
-        f"{report.settings.latency_runs} runs; throughput at batch {report.settings.batch_size}; "
-        f"LiteRT threads: {report.settings.num_threads}",
+        f"points on any classification head against the {reference.method} "
+        f"{reference.artifact} (that conversion: against the SavedModel)",
+        f"- like for like: every TFLite result against the {reference.method} "
+        f"{reference.artifact} ({human_bytes(reference.evaluation.size_bytes)}, "
+        f"{human_bytes(reference.evaluation.gzip_bytes)} gzipped): Δ accuracy, size ratio "
+        "(raw bytes over raw bytes), gz ratio (gzip over gzip), speed-up (its p50 over "
+        "this p50); the SavedModel row only shows what conversion costs in accuracy",
+        f"- latency: batch 1, the same LiteRT runner with {report.settings.num_threads} "
+        f"thread(s) for every TFLite model, {report.settings.warmup_runs} warm-up runs, then "
+        f"{report.settings.latency_runs} rounds timing each model once in rotating order; "
+        f"p50 is the median; throughput at batch {report.settings.batch_size}",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "|".join("---" for _ in COLUMNS) + "|",
@@ -195,6 +238,10 @@ def render_markdown(report: Report) -> str:
     for row in report.rows:
         cells = [cell.replace("|", "\\|") for cell in table_cells(report, row).values()]
         lines.append("| " + " | ".join(cells) + " |")
+    choices = [(row.method, reason) for row in report.rows for reason in _choices(row.details)]
+    if choices:
+        lines += ["", "## What the methods chose", ""]
+        lines += [f"- **{method}**: {reason}" for method, reason in choices]
     if report.published:
         lines += [
             "",
@@ -268,7 +315,10 @@ def _plain_log_ticks(axis: Any) -> None:
 
 
 def write_plot(report: Report, path: str | Path) -> Path:
-    """Accuracy against size (KiB) and against p50 latency (ms): one point per row.
+    """Accuracy against raw size, gzipped size (KiB) and p50 latency (ms): a point per row.
+
+    The gzipped panel is where pruning shows: its zeros cost as much as any weight in the
+    raw file and almost nothing once compressed.
 
     Each row has its own colour (named in the legend) and a marker for its status, the
     baseline a star; the dashed line is the accuracy gate.
@@ -282,11 +332,13 @@ def write_plot(report: Report, path: str | Path) -> Path:
     panels = (
         ("quality vs size", "size on disk (KiB, log scale)",
          [r.evaluation.size_bytes / 1024 for r in report.rows]),
+        ("quality vs compressed size", "gzipped size (KiB, log scale)",
+         [r.evaluation.gzip_bytes / 1024 for r in report.rows]),
         ("quality vs latency", "latency p50 at batch 1 (ms, log scale)",
          [r.evaluation.latency_p50_ms for r in report.rows]),
     )  # fmt: skip
     colors = plt.get_cmap("tab10").colors
-    figure, axes = plt.subplots(1, 2, figsize=(13, 6.5), layout="constrained")
+    figure, axes = plt.subplots(1, len(panels), figsize=(19, 6.5), layout="constrained")
     for axis, (title, xlabel, xs) in zip(axes, panels, strict=True):
         shown = [
             (index, x, y) for index, (x, y) in enumerate(zip(xs, quality, strict=True))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,8 @@ import pytest
 from contracts.model_manifest import MANIFEST_FILE, verify_model_dir
 from slipway.cli import main
 from tests.compression.models import SourceModel, publish_source
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +106,25 @@ def test_a_missing_dataset_is_a_usage_error(
     args[args.index("--data") + 1] = str(tmp_path / "nowhere")
     assert main(args) == 2
     assert "nowhere" in capsys.readouterr().err
+
+
+def test_piped_output_has_the_full_table(source: SourceModel, tmp_path: Path) -> None:
+    """A log or CI artifact gets every column whole, not rich's 80-column default."""
+    command = "import sys; from slipway.cli import main; sys.exit(main(sys.argv[1:]))"
+    args = compress_args(source, tmp_path, "--method", "int8")
+    done = subprocess.run(
+        [sys.executable, "-c", command, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "80"},
+        check=False,
+        text=True,
+    )
+    assert done.returncode == 0
+    lines = done.stdout.splitlines()
+    header = next(line for line in lines if "method" in line and "artifact" in line)
+    for column in ("max abs diff", "gz ratio", "speed-up", "throughput (ex/s)"):
+        assert column in header
+    assert len(header) > 120
+    int8 = next(line for line in lines if "│ int8 " in line)
+    assert "passed" in int8

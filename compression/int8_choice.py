@@ -1,0 +1,223 @@
+"""Post-training int8 that keeps accuracy: try full int8, fall back per model, say why.
+
+Full int8 is the smallest and, where LiteRT has int8 kernels for every op, the fastest
+result; but one scale per activation tensor does not suit every model. A Transformer's
+attention adds −1e9 to masked scores before its softmax, which leaves the real scores
+a single int8 value (:mod:`compression.tflite_graph`), and layer norms computed in int8
+run on reference kernels outside XNNPACK. So the int8 method tries quantization schemes
+in order of how much they quantize and judges each against the float32 TFLite
+conversion on the *validation* split (the test split stays for the report):
+
+1. ``full``: every op int8;
+2. ``attention_float``: selective quantization keeping the attention score paths
+   (scores, mask, softmax, the value product) float;
+3. ``attention_norm_float``: those and the layer norms' ops float;
+4. ``16x8``: int16 activations with int8 weights.
+
+Full int8 is kept when it passes the accuracy gate and is not slower than float32.
+Otherwise every scheme is measured and the fastest one passing the gate wins (none
+passing: the most accurate, which the report's gate then marks failed). The trials,
+their figures and the reason for the choice are recorded in the result's details.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+from compression.convert import to_tflite
+from compression.errors import CompressionError
+from compression.evaluate import EvalData, EvalSettings, Evaluation, evaluate_tflite_models
+from compression.ptq import check_samples, io_types
+from compression.result import CompressedModel
+from compression.tflite_graph import attention_score_tensors, op_counts
+
+# The ops a Keras LayerNormalization becomes (mean, variance, 1/sqrt).
+LAYER_NORM_OPS = ("MEAN", "SQUARED_DIFFERENCE", "RSQRT")
+FLOAT32 = "float32"
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One way of quantizing: a name, what stays float, and the converter arguments."""
+
+    name: str
+    description: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Judge:
+    """What candidates are judged on: held-out data, the float32 file, the gate."""
+
+    data: EvalData
+    float_tflite: bytes
+    max_accuracy_drop: float
+    settings: EvalSettings = field(
+        default_factory=lambda: EvalSettings(
+            latency_runs=100, warmup_runs=10, throughput_seconds=0.0
+        )
+    )
+
+
+@dataclass
+class Trial:
+    """A scheme's conversion and how it fared against float32 on the judge's data."""
+
+    scheme: Scheme
+    tflite: bytes | None = None
+    accuracy_drop: float | None = None  # worst head, points; None: no classification head
+    latency_p50_ms: float | None = None
+    speedup: float | None = None  # float32 p50 over this p50
+    error: str | None = None  # why the scheme could not be converted
+
+    def passes(self, max_drop: float) -> bool:
+        if self.tflite is None:
+            return False
+        return self.accuracy_drop is None or self.accuracy_drop <= max_drop + 1e-9
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scheme": self.scheme.name,
+            "float": self.scheme.description,
+            "validation_accuracy_drop": self.accuracy_drop,
+            "latency_p50_ms": self.latency_p50_ms,
+            "speedup_vs_float32": self.speedup,
+            "size_bytes": None if self.tflite is None else len(self.tflite),
+            "error": self.error,
+        }
+
+
+def schemes(float_tflite: bytes) -> list[Scheme]:
+    """The schemes worth trying for this model, most quantized first."""
+    attention = attention_score_tensors(float_tflite)
+    found = [Scheme("full", "nothing", {"integer_only": True})]
+    if attention:
+        found += [
+            Scheme(
+                "attention_float",
+                f"the attention score paths ({len(attention)} tensors)",
+                {"float_tensors": attention},
+            ),
+            Scheme(
+                "attention_norm_float",
+                f"the attention score paths ({len(attention)} tensors) and layer norms "
+                f"({', '.join(LAYER_NORM_OPS)})",
+                {"float_tensors": attention, "float_ops": LAYER_NORM_OPS},
+            ),
+        ]
+    found.append(Scheme("16x8", "nothing; activations int16, weights int8",
+                        {"int16_activations": True}))  # fmt: skip
+    return found
+
+
+def _worst_drop(reference: Evaluation, candidate: Evaluation) -> float | None:
+    drops = [
+        100.0 * (accuracy - candidate.accuracy.get(head, 0.0))
+        for head, accuracy in reference.accuracy.items()
+    ]
+    return max(drops) if drops else None
+
+
+def _convert(model: keras.Model, samples: Sequence[dict[str, np.ndarray]], scheme: Scheme) -> Trial:
+    try:
+        flatbuffer = to_tflite(
+            model,
+            optimizations=[tf.lite.Optimize.DEFAULT],
+            representative_dataset=lambda: iter(samples),
+            **scheme.arguments,
+        )
+    except CompressionError as exc:  # e.g. 16x8 has no kernel for integer token inputs
+        return Trial(scheme, error=str(exc).splitlines()[-1])
+    return Trial(scheme, flatbuffer)
+
+
+def _measure(trials: Sequence[Trial], judge: Judge) -> None:
+    """Accuracy and latency of the converted trials, side by side with float32."""
+    converted = {trial.scheme.name: trial for trial in trials if trial.tflite is not None}
+    if not converted:
+        return
+    evaluations = evaluate_tflite_models(
+        {FLOAT32: judge.float_tflite, **{n: t.tflite for n, t in converted.items()}},
+        judge.data,
+        reference=FLOAT32,
+        settings=judge.settings,
+    )
+    reference = evaluations[FLOAT32]
+    for name, trial in converted.items():
+        evaluation = evaluations[name]
+        trial.accuracy_drop = _worst_drop(reference, evaluation)
+        trial.latency_p50_ms = evaluation.latency_p50_ms
+        trial.speedup = reference.latency_p50_ms / evaluation.latency_p50_ms
+
+
+def _pick(trials: Sequence[Trial], max_drop: float) -> tuple[Trial, str]:
+    passing = [trial for trial in trials if trial.passes(max_drop)]
+    if passing:
+        best = min(passing, key=lambda trial: trial.latency_p50_ms or 0.0)
+        return best, (
+            f"{best.scheme.name}: the fastest scheme within {max_drop:g} points of float32 "
+            f"on the validation split ({_figures(best)})"
+        )
+    converted = [trial for trial in trials if trial.tflite is not None]
+    if not converted:
+        raise CompressionError(
+            "no int8 scheme could be converted: "
+            + "; ".join(f"{t.scheme.name}: {t.error}" for t in trials)
+        )
+    best = min(converted, key=lambda trial: trial.accuracy_drop or 0.0)
+    return best, (
+        f"{best.scheme.name}: no scheme kept within {max_drop:g} points of float32; "
+        f"this one lost least ({_figures(best)})"
+    )
+
+
+def _figures(trial: Trial) -> str:
+    if trial.accuracy_drop is None:
+        drop = "no classification head"
+    else:
+        drop = f"{round(-trial.accuracy_drop, 2) + 0.0:+.2f} pts"
+    speed = "" if trial.speedup is None else f", {trial.speedup:.2f}× float32's speed"
+    return drop + speed
+
+
+def choose_int8(
+    model: keras.Model, samples: Sequence[dict[str, np.ndarray]], judge: Judge
+) -> CompressedModel:
+    """The int8 result that keeps accuracy, with the trials behind the choice."""
+    check_samples(model, samples)
+    candidates = schemes(judge.float_tflite)
+    trials = [_convert(model, samples, candidates[0])]
+    _measure(trials, judge)
+    full = trials[0]
+    if full.passes(judge.max_accuracy_drop) and (full.speedup or 0.0) >= 1.0:
+        chosen, reason = (
+            full,
+            (
+                f"full: passes the gate on the validation split and is not slower than float32 "
+                f"({_figures(full)})"
+            ),
+        )
+    else:
+        trials += [_convert(model, samples, scheme) for scheme in candidates[1:]]
+        _measure(trials, judge)
+        chosen, reason = _pick(trials, judge.max_accuracy_drop)
+    assert chosen.tflite is not None
+    details: dict[str, Any] = {
+        "weights": "int8",
+        "activations": "int16" if chosen.scheme.name == "16x8" else "int8",
+        "scheme": chosen.scheme.name,
+        "float": chosen.scheme.description,
+        "reason": reason,
+        "trials": [trial.to_json() for trial in trials],
+        "validation_split": judge.data.split,
+        "calibration_samples": len(samples),
+        "ops": op_counts(chosen.tflite),
+        **io_types(chosen.tflite),
+    }
+    return CompressedModel("int8", chosen.tflite, None, details)
