@@ -182,12 +182,15 @@ def load_eval_data(
     split: str = "test",
     *,
     max_examples: int | None = None,
+    raw: bool = False,
 ) -> EvalData:
     """Read ``split`` for a model whose ``serving_default`` is described by ``signature``.
 
     ``signature`` is in ``slipway.json``'s layout (``{"inputs": {name: {"dtype",
     "shape"}}, "outputs": ...}``). The model's inputs must be input features of the
     dataset with matching shapes, and token inputs are padded to the model's length.
+    ``raw`` reads the features as a client sends them, for a served graph that
+    preprocesses them itself; records come in the same order either way.
     """
     manifest = open_dataset(dataset_dir, split)
     specs = {
@@ -196,15 +199,17 @@ def load_eval_data(
         )
         for name, entry in signature["inputs"].items()
     }
-    check_inputs(manifest, specs, dataset_dir)
+    if not raw:
+        check_inputs(manifest, specs, dataset_dir)
     dataset = make_dataset(
         dataset_dir,
         split,
         batch_size=256,
         shuffle=False,
         features=list(specs),
-        sequence_length=sequence_length(specs),
+        sequence_length=None if raw else sequence_length(specs),
         verify="sha256",
+        raw=raw,
     )
     label_names = list(manifest.labels) + [
         name
@@ -227,7 +232,8 @@ def load_eval_data(
     arrays = {name: np.concatenate(parts)[:stop] for name, parts in features.items()}
     for name, values in arrays.items():
         entry = signature["inputs"][name]
-        _check_dtype(name, values.dtype, np.dtype(entry["dtype"]), "quantization" in entry)
+        if not raw:
+            _check_dtype(name, values.dtype, np.dtype(entry["dtype"]), "quantization" in entry)
     return EvalData(
         dataset_dir=Path(dataset_dir),
         split=split,
@@ -384,7 +390,12 @@ class SavedModelRunner:
         return fed
 
     def invoke(self, fed: dict[str, tf.Tensor]) -> dict[str, np.ndarray]:
-        return {name: value.numpy() for name, value in self._function(**fed).items()}
+        """The numeric outputs (class names the export adds are not predictions)."""
+        return {
+            name: value.numpy()
+            for name, value in self._function(**fed).items()
+            if value.dtype != tf.string
+        }
 
 
 # -- scoring --------------------------------------------------------------------------
@@ -511,10 +522,14 @@ def _data_for(
     split: str,
     signature: Callable[[], Mapping[str, Any]],
     settings: EvalSettings,
+    *,
+    raw: bool = False,
 ) -> EvalData:
     if isinstance(dataset, EvalData):
         return dataset
-    return load_eval_data(dataset, signature(), split, max_examples=settings.max_examples)
+    return load_eval_data(
+        dataset, signature(), split, max_examples=settings.max_examples, raw=raw
+    )
 
 
 def evaluate_tflite(
@@ -578,12 +593,17 @@ def evaluate_saved_model(
     reference_outputs: Mapping[str, np.ndarray] | None = None,
     settings: EvalSettings | None = None,
 ) -> Evaluation:
-    """Run a SavedModel's ``serving_default`` over ``split``; sizes cover its files."""
-    from compression.loading import read_signature
+    """Run a SavedModel's ``serving_default`` over ``split``; sizes cover its files.
+
+    A version that preprocesses in its graph is given the split's raw features, as its
+    clients send them.
+    """
+    from compression.loading import read_signature, served_raw_inputs
 
     settings = settings or EvalSettings()
     runner = SavedModelRunner(directory)
-    data = _data_for(dataset, split, lambda: read_signature(directory), settings)
+    raw = bool(served_raw_inputs(directory))
+    data = _data_for(dataset, split, lambda: read_signature(directory), settings, raw=raw)
     sizes = (directory_size(directory), directory_gzip_size(directory))
     return _evaluate(runner, data, sizes, reference_outputs, settings)
 

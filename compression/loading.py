@@ -42,13 +42,20 @@ class LoadedModel:
     """A source model version: its Keras model, ``slipway.json`` and served signature.
 
     ``manifest`` is empty for a plain SavedModel without ``slipway.json``; ``signature``
-    always describes the SavedModel's ``serving_default`` in ``slipway.json``'s layout
-    (``{"name", "inputs": {name: {"dtype", "shape"}}, "outputs": {...}}``).
+    describes the Keras model compression works on in ``slipway.json``'s layout
+    (``{"name", "inputs": {name: {"dtype", "shape"}}, "outputs": {...}}``): the served
+    ``serving_default`` without what the export adds around the model, the
+    preprocessing of ``raw_inputs`` before it and class names after it.
     """
 
     model: keras.Model
     manifest: dict[str, Any]
     signature: dict[str, Any]
+
+    @property
+    def raw_inputs(self) -> list[str]:
+        """The inputs the served graph takes raw and preprocesses itself."""
+        return raw_inputs(self.manifest)
 
     @property
     def input_names(self) -> list[str]:
@@ -63,6 +70,19 @@ def _describe(info: Any) -> dict[str, Any]:
     shape = tf.TensorShape(info.tensor_shape)
     dims = None if shape.rank is None else [-1 if d is None else d for d in shape.as_list()]
     return {"dtype": tf.as_dtype(info.dtype).name, "shape": dims}
+
+
+def raw_inputs(manifest: Mapping[str, Any]) -> list[str]:
+    """The inputs a version's ``slipway.json`` says its served graph takes raw."""
+    return list((manifest.get("preprocessing") or {}).get("inputs", []))
+
+
+def served_raw_inputs(directory: str | Path) -> list[str]:
+    """``raw_inputs`` of the version in ``directory`` (none without ``slipway.json``)."""
+    path = Path(directory) / MANIFEST_FILE
+    if not path.is_file():
+        return []
+    return raw_inputs(json.loads(path.read_text(encoding="utf-8")))
 
 
 def read_signature(directory: str | Path) -> dict[str, Any]:
@@ -186,9 +206,10 @@ def output_names(model: keras.Model) -> list[str]:
 
 
 def _model_signature(root: Path, model: keras.Model, signature: dict[str, Any]) -> dict[str, Any]:
-    """The served signature without what the export adds beside the model's outputs (the
-    class names of its heads), checked to carry the Keras model's names: a model whose
-    names differ would move outputs."""
+    """The Keras model's own signature: the served one's names, checked to be the
+    model's (a model whose names differ would move outputs), with the model's input
+    specs (the served graph may take them raw and preprocess them) and without the
+    class names the export adds beside its heads' scores."""
     model_inputs, model_outputs = sorted(named_inputs(model)), sorted(output_names(model))
     added = {class_names_output(output) for output in model_outputs}
     outputs = {name: spec for name, spec in signature["outputs"].items() if name not in added}
@@ -198,7 +219,13 @@ def _model_signature(root: Path, model: keras.Model, signature: dict[str, Any]) 
             f"{root}: the Keras model's names {model_inputs} -> {model_outputs} differ from "
             f"its {SIGNATURE_KEY} signature {served_inputs} -> {served_outputs}"
         )
-    return {**signature, "outputs": outputs}
+    inputs = {name: _describe_tensor(tensor) for name, tensor in named_inputs(model).items()}
+    return {**signature, "inputs": inputs, "outputs": outputs}
+
+
+def _describe_tensor(tensor: Any) -> dict[str, Any]:
+    dims = [-1 if d is None else int(d) for d in tensor.shape.as_list()]
+    return {"dtype": tf.as_dtype(tensor.dtype).name, "shape": dims}
 
 
 def load_version(version_dir: str | Path) -> LoadedModel:

@@ -40,7 +40,7 @@ from compression.finetune import (
     training_data,
 )
 from compression.int8_choice import Judge, choose_int8
-from compression.loading import LoadedModel, load_version
+from compression.loading import LoadedModel, load_version, read_signature
 from compression.methods import (
     DEFAULT_ALPHA,
     DEFAULT_TEMPERATURE,
@@ -367,8 +367,17 @@ def compress(
     data = load_eval_data(
         dataset_dir, loaded.signature, options.split, max_examples=options.settings.max_examples
     )
+    served = data
+    if loaded.raw_inputs:  # the served graph preprocesses: it reads what clients send
+        served = load_eval_data(
+            dataset_dir,
+            read_signature(model_dir),
+            options.split,
+            max_examples=options.settings.max_examples,
+            raw=True,
+        )
     progress(f"measuring the float32 baseline on {data.num_examples} {options.split} examples")
-    baseline = evaluate_saved_model(model_dir, data, settings=options.settings)
+    baseline = evaluate_saved_model(model_dir, served, settings=options.settings)
     rows = [Row("float32", "SavedModel", baseline, BASELINE)]
     runner = MethodRunner(loaded, dataset_dir, options.method_options, options.max_accuracy_drop)
     compressed_models: dict[str, CompressedModel] = {}

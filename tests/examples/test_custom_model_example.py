@@ -69,7 +69,8 @@ def test_the_model_is_published_and_served(printed: str, root: Path) -> None:
     version = Path(published[2])
     assert version == root / WORKDIR / "models" / "digits-custom" / "1"
     signature = json.loads((version / "slipway.json").read_text())["signature"]
-    assert list(signature["inputs"]) == ["image"] and list(signature["outputs"]) == ["label"]
+    assert list(signature["inputs"]) == ["image"]
+    assert list(signature["outputs"]) == ["label", "label_classes"]
     served = _match(
         r"gRPC Predict digits-custom version 1: predicted \[([\d, ]+)\], true \[([\d, ]+)\]",
         printed,
