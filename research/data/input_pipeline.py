@@ -7,7 +7,9 @@ model sees the same tensors for the same manifest:
 - categorical -> ``int64`` ids from the manifest vocabulary, out-of-vocabulary values
   (and missing ones) -> ``len(vocabulary)``;
 - text -> ``int32`` token ids under the feature's own name, padded with ``PAD_ID`` and
-  truncated to the sequence length;
+  truncated to the sequence length, computed from the raw text by the dataset's
+  sentencepiece model with ``research.preprocessing.text.SubwordTokenizer``, the layer
+  a serving graph runs too;
 - image -> ``float32`` in ``[0, 1]`` of shape ``(height, width, channels)`` (a missing
   image is all zeros).
 
@@ -37,9 +39,9 @@ import tensorflow as tf
 
 from contracts.dataset_manifest import DatasetError, Manifest, load_manifest
 from contracts.digests import file_sha256
-from contracts.features import FeatureSpec, parsing_spec, token_ids_key
+from contracts.features import FeatureSpec, parsing_spec
+from research.preprocessing.text import PAD_ID, SubwordTokenizer, tokenizer_for
 
-PAD_ID = 0
 UNK_ID = 1
 Verify = Literal["sha256", "size", "none"]
 VERIFY_MODES: tuple[str, ...] = ("sha256", "size", "none")
@@ -63,8 +65,9 @@ def _pipeline_options() -> tf.data.Options:
     """
     options = tf.data.Options()
     options.autotune.enabled = False
-    # The only stateful op in the pipeline is the lookup of an immutable table built
-    # from the manifest, so an iterator checkpoint loses nothing by ignoring it.
+    # The only stateful ops in the pipeline read immutable state built from the dataset
+    # (a lookup table from the manifest, a BPE tokenizer's model), so an iterator
+    # checkpoint loses nothing by ignoring them.
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
     return options
 
@@ -275,15 +278,6 @@ def _augment_images(images: tf.Tensor, seed: tf.Tensor, augment: ImageAugmentati
     return images
 
 
-def _token_ids(sparse: tf.SparseTensor, length: int | None) -> tf.Tensor:
-    ids = tf.sparse.to_dense(sparse, default_value=PAD_ID)
-    if length is not None:
-        ids = ids[:, :length]
-        ids = tf.pad(ids, [[0, 0], [0, length - tf.shape(ids)[1]]], constant_values=PAD_ID)
-        ids = tf.ensure_shape(ids, [None, length])
-    return tf.cast(ids, tf.int32)
-
-
 def _drop_tokens(ids: tf.Tensor, seed: tf.Tensor, rate: float) -> tf.Tensor:
     """Replace a ``rate`` fraction of real tokens with ``UNK_ID``; padding stays padding."""
     drop = tf.random.stateless_uniform(tf.shape(ids), seed) < rate
@@ -297,14 +291,13 @@ class _BatchDecoder:
         self,
         inputs: Mapping[str, FeatureSpec],
         labels: Mapping[str, FeatureSpec],
-        sequence_lengths: Mapping[str, int | None],
+        tokenizers: Mapping[str, SubwordTokenizer],
         seed: tf.Tensor,
         augment: ImageAugmentation | None,
         token_dropout: float,
     ) -> None:
         self._inputs = dict(inputs)
         self._labels = dict(labels)
-        self._lengths = dict(sequence_lengths)
         self._seed = seed
         self._augment = augment
         self._token_dropout = token_dropout
@@ -315,11 +308,8 @@ class _BatchDecoder:
         self._blanks = {
             name: _blank_png(spec) for name, spec in every.items() if spec.type == "image"
         }
-        spec = parsing_spec(every)
-        for name, feature in every.items():
-            if feature.type == "text":
-                del spec[name]  # only the token ids reach the model
-        self._parsing_spec = spec
+        self._tokenizers = dict(tokenizers)
+        self._parsing_spec = parsing_spec(every)
 
     def __call__(self, index: tf.Tensor, serialized: tf.Tensor) -> Any:
         parsed = tf.io.parse_example(serialized, self._parsing_spec)
@@ -359,7 +349,7 @@ class _BatchDecoder:
             return table.lookup(parsed[name])
         seed = _fold(batch_seed, _stable_id(name))
         if spec.type == "text":
-            ids = _token_ids(parsed[token_ids_key(name)], self._lengths[name])
+            ids = self._tokenizers[name](parsed[name])
             if train_transforms and self._token_dropout:
                 ids = _drop_tokens(ids, seed, self._token_dropout)
             return ids
@@ -479,6 +469,10 @@ def make_dataset(
     counts = [shard.num_records for shard in manifest.splits[split].shards]
     inputs, labels = _select_features(manifest, features)
     lengths = _sequence_lengths(manifest, {**inputs, **labels}, sequence_length)
+    tokenizers = {
+        name: tokenizer_for(dataset_dir, manifest.features[name], length)
+        for name, length in lengths.items()
+    }
     shuffle = split == "train" if shuffle is None else shuffle
     num_pipelines, pipeline_id = _pipeline_position(input_context)
     sharded = num_pipelines > 1 and not split_global_batches
@@ -546,7 +540,7 @@ def make_dataset(
 
     seed_pipeline = 0 if split_global_batches else pipeline_id
     base_seed = tf.constant([seed, seed_pipeline], dtype=tf.int64)
-    decoder = _BatchDecoder(inputs, labels, lengths, base_seed, augment, token_dropout)
+    decoder = _BatchDecoder(inputs, labels, tokenizers, base_seed, augment, token_dropout)
     elements = batches.map(
         decoder, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic
     )

@@ -58,7 +58,7 @@ CORPUS_SPEC = {
     "labels": ["topic"],
     "clean": {"pii": {"enabled": False}},
     "dedup": {"exact": {"enabled": False}},
-    "vocab": {"size": 300, "min_frequency": 2},
+    "vocab": {"size": 300},
     "output": {"num_shards": {"train": 2, "validation": 1, "test": 1}},
 }
 
