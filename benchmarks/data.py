@@ -87,21 +87,36 @@ def write_digits_dataset(root: Path, num_records: int, seed: int = 0) -> None:
     """Digit-like 28x28 images with a caption, a source and a numeric feature.
 
     Written the way the dataset builder writes them (Examples per the feature contract,
-    sharded TFRecords, a manifest with SHA-256 and token statistics), with a one-shard
-    ``check`` split for comparing the two readers record by record.
+    sharded TFRecords, a sentencepiece model for the caption, a manifest with SHA-256 and
+    token statistics), with a one-shard ``check`` split for comparing the two readers
+    record by record.
     """
+    import sentencepiece as spm
     import tensorflow as tf
     from PIL import Image
 
     from contracts.dataset_manifest import Manifest, ShardInfo, SplitInfo, write_manifest
     from contracts.digests import file_sha256
     from contracts.features import FeatureSpec, encode_example
+    from research.data.spec import VocabSpec
+    from research.data.tokenizer import tokenizer_path, train_tokenizer
 
     rng = np.random.default_rng(seed)
     templates = _digit_templates()
+    model = train_tokenizer(list(WORDS), VocabSpec(size=len(WORDS) + 64), "caption")
+    processor = spm.SentencePieceProcessor(model_proto=model)
+    model_path = root / tokenizer_path("caption")
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    model_path.write_bytes(model)
     features = {
         "image": FeatureSpec("image", "image", height=IMAGE_SIZE, width=IMAGE_SIZE, channels=1),
-        "caption": FeatureSpec("caption", "text", vocab_size=len(WORDS) + 2),
+        "caption": FeatureSpec(
+            "caption",
+            "text",
+            tokenizer_file=tokenizer_path("caption"),
+            tokenizer_sha256=file_sha256(model_path),
+            vocab_size=processor.get_piece_size(),
+        ),
         "source": FeatureSpec("source", "categorical", vocabulary=SOURCES[:2]),
         "ink": FeatureSpec("ink", "numeric"),
         "digit": FeatureSpec(
@@ -115,15 +130,16 @@ def write_digits_dataset(root: Path, num_records: int, seed: int = 0) -> None:
         pixels = shifted * rng.uniform(0.6, 1.0)
         buffer = io.BytesIO()
         Image.fromarray(pixels.astype(np.uint8)).save(buffer, format="PNG")
-        ids = rng.integers(2, len(WORDS) + 2, size=int(rng.integers(4, 48)))
+        words = rng.integers(0, len(WORDS), size=int(rng.integers(4, 48)))
+        caption = " ".join(WORDS[i] for i in words)
         record = {
             "image": buffer.getvalue(),
-            "caption": " ".join(WORDS[i - 2] for i in ids),
+            "caption": caption,
             "source": SOURCES[int(rng.integers(len(SOURCES)))],
             "ink": float(pixels.mean() / 255.0),
             "digit": str(digit),
         }
-        return encode_example(record, features, {"caption": ids.tolist()}), len(ids)
+        return encode_example(record, features), len(processor.encode(caption))
 
     root.mkdir(parents=True, exist_ok=True)
     splits: dict[str, SplitInfo] = {}
@@ -165,18 +181,21 @@ def python_batches(
     Records come from TensorFlow's record reader (``tf_record_iterator``, about 2 us a
     record; iterating a ``TFRecordDataset`` eagerly costs some 90 us and would flatter
     the comparison). Every Example is parsed with the protobuf API into numpy arrays
-    (PNG decoded by Pillow, categories looked up in a dict, token ids padded) and
-    batches are stacked with numpy.
+    (PNG decoded by Pillow, categories looked up in a dict, captions tokenized by
+    sentencepiece's Python API and padded) and batches are stacked with numpy.
     """
+    import sentencepiece as spm
     import tensorflow as tf
     from PIL import Image
     from tensorflow.core.example import example_pb2
 
     from contracts.dataset_manifest import load_manifest
-    from contracts.features import token_ids_key
     from research.data.input_pipeline import default_sequence_length
 
     manifest = load_manifest(dataset_dir)
+    processor = spm.SentencePieceProcessor(
+        model_file=str(dataset_dir / manifest.features["caption"].tokenizer_file)
+    )
     ids = {n: {v: i for i, v in enumerate(s.vocabulary)} for n, s in manifest.features.items()}
     length = default_sequence_length(manifest, "caption")
 
@@ -188,7 +207,7 @@ def python_batches(
 
     def tokens(f: Any) -> np.ndarray:
         padded = np.zeros(length, np.int32)
-        values = f[token_ids_key("caption")].int64_list.value[:length]
+        values = processor.encode(f["caption"].bytes_list.value[0].decode())[:length]
         padded[: len(values)] = values
         return padded
 
@@ -234,13 +253,15 @@ def eager_tf_batches(
     import tensorflow as tf
 
     from contracts.dataset_manifest import load_manifest
-    from contracts.features import parsing_spec, token_ids_key
+    from contracts.features import parsing_spec
     from research.data.input_pipeline import default_sequence_length
+    from research.preprocessing.text import tokenizer_for
 
     manifest = load_manifest(dataset_dir)
     spec = parsing_spec(manifest.features)
     ids = {n: {v: i for i, v in enumerate(s.vocabulary)} for n, s in manifest.features.items()}
     length = default_sequence_length(manifest, "caption")
+    tokenizer = tokenizer_for(dataset_dir, manifest.features["caption"], length)
     wanted = list(features or ("image", "caption", "source", "ink"))
     rows: list[dict[str, Any]] = []
     labels: list[np.int64] = []
@@ -252,10 +273,7 @@ def eager_tf_batches(
             pixels = tf.io.decode_png(parsed["image"], channels=1)
             row["image"] = tf.cast(pixels, tf.float32).numpy() / 255.0
         if "caption" in wanted:
-            padded = np.zeros(length, np.int32)
-            values = tf.sparse.to_dense(parsed[token_ids_key("caption")]).numpy()[:length]
-            padded[: len(values)] = values
-            row["caption"] = padded
+            row["caption"] = tokenizer(parsed["caption"][None])[0].numpy()
         if "source" in wanted:
             vocabulary = ids["source"]
             row["source"] = np.int64(

@@ -527,9 +527,7 @@ def _data_for(
 ) -> EvalData:
     if isinstance(dataset, EvalData):
         return dataset
-    return load_eval_data(
-        dataset, signature(), split, max_examples=settings.max_examples, raw=raw
-    )
+    return load_eval_data(dataset, signature(), split, max_examples=settings.max_examples, raw=raw)
 
 
 def evaluate_tflite(

@@ -23,13 +23,13 @@ from tensorflow.core.protobuf import saved_model_pb2
 import research.models.layers  # noqa: F401  (registers the zoo's custom layers for deserialisation)
 import research.models.losses  # noqa: F401  (and its custom losses)
 from compression.errors import CompressionError
-from training.export import class_names_output
 from contracts.model_manifest import (
     MANIFEST_FILE,
     SAVED_MODEL_FILE,
     SIGNATURE_KEY,
     verify_model_dir,
 )
+from training.export import class_names_output
 
 _KERAS_METADATA_FILE = "keras_metadata.pb"
 # Keras rebuilds a layer class it does not know from the SavedModel's traced functions, as

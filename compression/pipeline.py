@@ -427,6 +427,7 @@ def compress(
         chosen.row.evaluation,
         source=source,
         data_manifest=data_manifest,
+        dataset_dir=dataset_dir,
         split=options.split,
         repository=options.repository,
         model_name=options.model_name,

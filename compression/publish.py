@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from compression.evaluate import Evaluation, TFLiteRunner
-from compression.loading import LoadedModel
+from compression.loading import LoadedModel, named_inputs
 from compression.result import CompressedModel
 from contracts.dataset_manifest import Manifest
 from contracts.model_manifest import PREPROCESSING_DIR, write_model_manifest
@@ -75,12 +75,22 @@ def flat_metrics(evaluation: Evaluation) -> dict[str, float]:
     return metrics
 
 
+def token_lengths(model: Any) -> dict[str, int | None]:
+    """Each sequence input's length, which its tokenizer pads and truncates to."""
+    return {
+        name: tensor.shape[1]
+        for name, tensor in named_inputs(model).items()
+        if tensor.shape.rank == 2
+    }
+
+
 def publish_compressed(
     compressed: CompressedModel,
     evaluation: Evaluation,
     *,
     source: Source,
     data_manifest: Manifest,
+    dataset_dir: str | Path,
     split: str,
     repository: str | Path,
     model_name: str | None = None,
@@ -96,7 +106,12 @@ def publish_compressed(
     labels = source.loaded.manifest.get("labels", {})
     # The version is served as its source is: raw where the source preprocesses in graph.
     raw_inputs = (source.loaded.manifest.get("preprocessing") or {}).get("inputs", [])
-    preprocessor = FeaturePreprocessor.for_inputs(data_manifest, raw_inputs)
+    preprocessor = FeaturePreprocessor.for_inputs(
+        data_manifest,
+        raw_inputs,
+        dataset_dir=dataset_dir,
+        sequence_lengths=token_lengths(source.loaded.model),
+    )
 
     def write(directory: Path) -> None:
         if compressed.keras_model is not None:

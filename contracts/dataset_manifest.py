@@ -1,7 +1,8 @@
 """``manifest.json``: the description every dataset directory carries.
 
 It records the feature spec, the shards of each split with their record counts and
-SHA-256, per-split statistics, the vocabularies and the spec hash. Readers trust a
+SHA-256, per-split statistics, the tokenizers (``vocabularies``: text feature -> its
+sentencepiece model file) and the spec hash. Readers trust a
 dataset only as far as its manifest vouches for it.
 
 Statistics layout (per split, under ``statistics[split]``)::

@@ -8,15 +8,16 @@ Encoding, per feature type:
 - numeric: ``float_list`` (float32) or ``int64_list`` (int64), ``shape`` values.
 - categorical: ``bytes_list`` with the UTF-8 value; readers map it to an id with the
   manifest's ``vocabulary`` (out-of-vocabulary values get id ``len(vocabulary)``).
-- text: ``bytes_list`` with the UTF-8 text, plus ``<name>/token_ids`` (``int64_list``)
-  with the subword ids from the dataset's vocabulary.
+- text: ``bytes_list`` with the UTF-8 text. Readers turn it into token ids with the
+  sentencepiece model the spec names (``tokenizer_file``), in the graph, so a served
+  model tokenizes exactly as training did.
 - image: ``bytes_list`` with a PNG of exactly ``height`` x ``width`` x ``channels``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,13 +27,6 @@ from contracts.example_encoding import (
     int64_feature,
     serialize_example,
 )
-
-TOKEN_IDS_SUFFIX = "/token_ids"
-
-
-def token_ids_key(name: str) -> str:
-    """The Example key holding a text field's token ids."""
-    return f"{name}{TOKEN_IDS_SUFFIX}"
 
 
 @dataclass(frozen=True)
@@ -47,7 +41,8 @@ class FeatureSpec:
     width: int | None = None
     channels: int | None = None
     vocabulary: tuple[str, ...] = ()  # categorical: ids are positions in this list
-    vocabulary_file: str | None = None  # text: path of the subword vocabulary, dataset-relative
+    tokenizer_file: str | None = None  # text: the sentencepiece model, dataset-relative
+    tokenizer_sha256: str | None = None  # text: of tokenizer_file, checked before it is used
     vocab_size: int | None = None  # text: number of token ids (ids are 0..vocab_size-1)
     is_label: bool = False
     source_name: str | None = None  # the source column, when named otherwise (`mean radius`)
@@ -75,7 +70,8 @@ class FeatureSpec:
             width=data.get("width"),
             channels=data.get("channels"),
             vocabulary=tuple(data.get("vocabulary", ())),
-            vocabulary_file=data.get("vocabulary_file"),
+            tokenizer_file=data.get("tokenizer_file"),
+            tokenizer_sha256=data.get("tokenizer_sha256"),
             vocab_size=data.get("vocab_size"),
             is_label=bool(data.get("is_label", False)),
             source_name=data.get("source_name"),
@@ -104,15 +100,11 @@ def _flat(value: Any) -> list[Any]:
     return [value]
 
 
-def encode_example(
-    record: Mapping[str, Any],
-    features: Mapping[str, FeatureSpec],
-    token_ids: Mapping[str, Sequence[int]] | None = None,
-) -> bytes:
+def encode_example(record: Mapping[str, Any], features: Mapping[str, FeatureSpec]) -> bytes:
     """Serialise one clean record as a ``tf.train.Example`` following the contract above.
 
     A field missing from the record is left out of the Example; readers fill in the
-    documented default (0, empty string, no tokens). The bytes are written without
+    documented default (0, empty string). The bytes are written without
     TensorFlow (``contracts.example_encoding``), so a build's workers never load it.
     """
     encoded: dict[str, bytes] = {}
@@ -131,8 +123,6 @@ def encode_example(
         else:
             text = value if isinstance(value, str) else str(value)
             encoded[name] = bytes_feature([text.encode("utf-8")])
-    for name, ids in (token_ids or {}).items():
-        encoded[token_ids_key(name)] = int64_feature(int(i) for i in ids)
     return serialize_example(encoded)
 
 
@@ -147,11 +137,8 @@ def parsing_spec(features: Mapping[str, FeatureSpec]) -> dict[str, Any]:
             zero = 0 if dtype == tf.int64 else 0.0
             default = [zero] * feature.num_values if feature.shape else zero
             spec[name] = tf.io.FixedLenFeature(list(feature.shape), dtype, default_value=default)
-        elif feature.type in ("categorical", "image"):
+        elif feature.type in ("categorical", "image", "text"):
             spec[name] = tf.io.FixedLenFeature([], tf.string, default_value="")
-        elif feature.type == "text":
-            spec[name] = tf.io.FixedLenFeature([], tf.string, default_value="")
-            spec[token_ids_key(name)] = tf.io.VarLenFeature(tf.int64)
         else:
             raise ValueError(f"feature {name!r}: unknown type {feature.type!r}")
     return spec

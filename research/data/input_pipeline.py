@@ -12,7 +12,9 @@ clients send:
 - categorical -> ``int64`` ids from the manifest vocabulary starting at 1; values the
   vocabulary lacks (and missing ones) -> 0;
 - text -> ``int32`` token ids under the feature's own name, padded with ``PAD_ID`` and
-  truncated to the sequence length;
+  truncated to the sequence length, computed from the raw text by the dataset's
+  sentencepiece model with ``research.preprocessing.text.SubwordTokenizer``, the layer
+  a serving graph runs too;
 - image -> ``float32`` in ``[0, 1]`` of shape ``(height, width, channels)`` (a missing
   image is all zeros).
 
@@ -45,10 +47,10 @@ import tensorflow as tf
 
 from contracts.dataset_manifest import DatasetError, Manifest, load_manifest
 from contracts.digests import file_sha256
-from contracts.features import FeatureSpec, parsing_spec, token_ids_key
+from contracts.features import FeatureSpec, parsing_spec
 from research.preprocessing.preprocessor import FeaturePreprocessor
+from research.preprocessing.text import PAD_ID, SubwordTokenizer, tokenizer_for
 
-PAD_ID = 0
 UNK_ID = 1
 Verify = Literal["sha256", "size", "none"]
 VERIFY_MODES: tuple[str, ...] = ("sha256", "size", "none")
@@ -72,8 +74,9 @@ def _pipeline_options() -> tf.data.Options:
     """
     options = tf.data.Options()
     options.autotune.enabled = False
-    # The only stateful op in the pipeline is the lookup of an immutable table built
-    # from the manifest, so an iterator checkpoint loses nothing by ignoring it.
+    # The only stateful ops in the pipeline read immutable state built from the dataset
+    # (a lookup table from the manifest, a BPE tokenizer's model), so an iterator
+    # checkpoint loses nothing by ignoring them.
     options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
     return options
 
@@ -266,15 +269,6 @@ def _augment_images(images: tf.Tensor, seed: tf.Tensor, augment: ImageAugmentati
     return images
 
 
-def _token_ids(sparse: tf.SparseTensor, length: int | None) -> tf.Tensor:
-    ids = tf.sparse.to_dense(sparse, default_value=PAD_ID)
-    if length is not None:
-        ids = ids[:, :length]
-        ids = tf.pad(ids, [[0, 0], [0, length - tf.shape(ids)[1]]], constant_values=PAD_ID)
-        ids = tf.ensure_shape(ids, [None, length])
-    return tf.cast(ids, tf.int32)
-
-
 def _drop_tokens(ids: tf.Tensor, seed: tf.Tensor, rate: float) -> tf.Tensor:
     """Replace a ``rate`` fraction of real tokens with ``UNK_ID``; padding stays padding."""
     drop = tf.random.stateless_uniform(tf.shape(ids), seed) < rate
@@ -294,7 +288,7 @@ class _BatchDecoder:
         preprocessor: FeaturePreprocessor | None,
         inputs: Mapping[str, FeatureSpec],
         labels: Mapping[str, FeatureSpec],
-        sequence_lengths: Mapping[str, int | None],
+        label_tokenizers: Mapping[str, SubwordTokenizer],
         seed: tf.Tensor,
         augment: ImageAugmentation | None,
         token_dropout: float,
@@ -302,7 +296,6 @@ class _BatchDecoder:
         self._preprocessor = preprocessor
         self._inputs = dict(inputs)
         self._labels = dict(labels)
-        self._lengths = dict(sequence_lengths)
         self._seed = seed
         self._augment = augment
         self._token_dropout = token_dropout
@@ -311,11 +304,8 @@ class _BatchDecoder:
             for name, spec in self._labels.items()
             if spec.type == "categorical"
         }
-        spec = parsing_spec({**self._inputs, **self._labels})
-        for name, feature in self._inputs.items():
-            if feature.type == "text" and preprocessor is not None:
-                del spec[name]  # only the token ids reach the model
-        self._parsing_spec = spec
+        self._label_tokenizers = dict(label_tokenizers)
+        self._parsing_spec = parsing_spec({**self._inputs, **self._labels})
 
     def __call__(self, index: tf.Tensor, serialized: tf.Tensor) -> Any:
         parsed = tf.io.parse_example(serialized, self._parsing_spec)
@@ -335,11 +325,8 @@ class _BatchDecoder:
         features = self._preprocessor({name: parsed[name] for name in self._preprocessor.layers})
         for name, spec in self._inputs.items():
             seed = _fold(batch_seed, _stable_id(name))
-            if spec.type == "text":
-                ids = _token_ids(parsed[token_ids_key(name)], self._lengths[name])
-                if self._token_dropout:
-                    ids = _drop_tokens(ids, seed, self._token_dropout)
-                features[name] = ids
+            if spec.type == "text" and self._token_dropout:
+                features[name] = _drop_tokens(features[name], seed, self._token_dropout)
             elif spec.type == "image" and self._augment is not None:
                 features[name] = _augment_images(features[name], seed, self._augment)
         return features
@@ -353,7 +340,7 @@ class _BatchDecoder:
                 return tf.zeros_like(parsed[name], dtype=tf.int64)
             return table.lookup(parsed[name])
         if spec.type == "text":
-            return _token_ids(parsed[token_ids_key(name)], self._lengths[name])
+            return self._label_tokenizers[name](parsed[name])
         raise DatasetError(f"label {name!r}: a {spec.type} feature cannot be a label")
 
 
@@ -472,6 +459,11 @@ def make_dataset(
     counts = [shard.num_records for shard in manifest.splits[split].shards]
     inputs, labels = _select_features(manifest, features)
     lengths = _sequence_lengths(manifest, {**inputs, **labels}, sequence_length)
+    label_tokenizers = {
+        name: tokenizer_for(dataset_dir, spec, lengths[name])
+        for name, spec in labels.items()
+        if spec.type == "text"
+    }
     shuffle = split == "train" if shuffle is None else shuffle
     num_pipelines, pipeline_id = _pipeline_position(input_context)
     sharded = num_pipelines > 1 and not split_global_batches
@@ -539,9 +531,13 @@ def make_dataset(
 
     seed_pipeline = 0 if split_global_batches else pipeline_id
     base_seed = tf.constant([seed, seed_pipeline], dtype=tf.int64)
-    preprocessor = None if raw else FeaturePreprocessor.for_inputs(manifest, inputs)
+    preprocessor = None
+    if not raw:
+        preprocessor = FeaturePreprocessor.for_inputs(
+            manifest, inputs, dataset_dir=dataset_dir, sequence_lengths=lengths
+        )
     decoder = _BatchDecoder(
-        preprocessor, inputs, labels, lengths, base_seed, augment, token_dropout
+        preprocessor, inputs, labels, label_tokenizers, base_seed, augment, token_dropout
     )
     elements = batches.map(
         decoder, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic

@@ -1,8 +1,8 @@
 """``build_dataset``: the whole dataset build as one Apache Beam pipeline.
 
 read -> conform to schema -> clean (normalise, required, length, PII) -> exact and
-near de-duplication -> deterministic split -> subword vocabulary from the training
-split -> token ids -> statistics, categories and shards.
+near de-duplication -> deterministic split -> a sentencepiece model per text field from the
+training split -> statistics (token counts with those models), categories and shards.
 
 The build writes into a staging directory beside the destination and renames it into
 place only when everything succeeded and the result passed research.data.quality's
@@ -13,6 +13,7 @@ replaced only when asked to (``overwrite``), by a rename.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,7 +28,12 @@ from research.data import filesystems, publish, records
 from research.data.categories import CategoryVocabularies
 from research.data.clean import CleanRecords
 from research.data.dedup import DeduplicateExact, DeduplicateNear
-from research.data.quality import check_build, read_side_file, require_side_file
+from research.data.quality import (
+    BuildRejectedError,
+    check_build,
+    read_side_file,
+    require_side_file,
+)
 from research.data.records import DROPPED_TAG
 from research.data.rejects import DROPPED_FILE, QUARANTINE_FILE, WriteRejects, pii_mask
 from research.data.report import REPORT_FILE, build_report
@@ -38,9 +44,14 @@ from research.data.sources import ReadSources, check_sources
 from research.data.spec import DatasetSpec, FieldSchema
 from research.data.split import SPLIT, AssignSplit
 from research.data.stats import ComputeStatistics, empty_statistics
-from research.data.vocab import FieldVocabularies, TokenizeRecords
+from research.data.tokenizer import (
+    CountTokens,
+    LearnTokenizers,
+    save_tokenizers,
+    tokenizer_path,
+    vocab_size,
+)
 
-VOCAB_DIR = "vocab"
 _BUILD_DIR = "_build"
 
 
@@ -54,7 +65,7 @@ class BuildResult:
 def feature_specs(
     spec: DatasetSpec, schema: dict[str, FieldSchema], columns: dict[str, str] | None = None
 ) -> dict[str, FeatureSpec]:
-    """The manifest's features before the build fills in vocabularies.
+    """The manifest's features before the build fills in vocabularies and tokenizers.
 
     ``columns`` maps a feature named otherwise than its source column to that column.
     """
@@ -87,22 +98,17 @@ def vocab_fields(spec: DatasetSpec, schema: dict[str, FieldSchema]) -> list[str]
     return [name for name, field in schema.items() if field.type == "text"]
 
 
+def training_split(spec: DatasetSpec) -> str:
+    """The split tokenizers and category vocabularies are learned from."""
+    return "train" if "train" in spec.split.ratios else next(iter(spec.split.ratios))
+
+
 def _write_json(path: str) -> Any:
     def write(value: Any) -> str:
         filesystems.write_json(path, value)
         return path
 
     return beam.Map(write)
-
-
-def _save_vocabulary(directory: str, temp_dir: str) -> Any:
-    def save(item: tuple[str, Any]) -> str:
-        field, vocabulary = item
-        path = filesystems.join(directory, f"{field}.json")
-        vocabulary.save(path, temp_dir)
-        return path
-
-    return beam.Map(save)
 
 
 def construct_pipeline(
@@ -149,21 +155,12 @@ def construct_pipeline(
     tagged = unique | "Split" >> AssignSplit(spec.split)
 
     text_fields = vocab_fields(spec, schema)
-    train_split = "train" if "train" in spec.split.ratios else next(iter(spec.split.ratios))
+    train_split = training_split(spec)
     if text_fields:
         training = tagged | "TrainingRecords" >> beam.Filter(lambda r: r[SPLIT] == train_split)
-        vocabularies = training | "Vocabularies" >> FieldVocabularies(
-            text_fields,
-            size=spec.vocab.size,
-            min_frequency=spec.vocab.min_frequency,
-            lowercase=spec.vocab.lowercase,
-        )
-        _ = vocabularies | "SaveVocabularies" >> _save_vocabulary(
-            filesystems.join(staging, VOCAB_DIR), scratch
-        )
-        tagged = tagged | "Tokenize" >> TokenizeRecords(
-            text_fields, beam.pvalue.AsDict(vocabularies)
-        )
+        models = training | "Tokenizers" >> LearnTokenizers(text_fields, spec.vocab)
+        _ = models | "SaveTokenizers" >> save_tokenizers(staging, scratch)
+        tagged = tagged | "CountTokens" >> CountTokens(text_fields, beam.pvalue.AsDict(models))
 
     (
         tagged
@@ -223,21 +220,32 @@ def _finish_features(
     staging: str,
     categories: dict[str, list[str]],
     text_fields: list[str],
+    training_texts: dict[str, int],
 ) -> dict[str, FeatureSpec]:
-    from dataclasses import replace
+    """Features with their category vocabularies and tokenizers filled in.
 
-    from research.data.vocab import Vocabulary
+    ``training_texts``: text field -> how many texts the training split holds.
+    """
+    from dataclasses import replace
 
     finished = {}
     for name, feature in features.items():
         if feature.type == "categorical":
             feature = replace(feature, vocabulary=tuple(categories.get(name, ())))
         elif name in text_fields:
-            path = require_side_file(filesystems.join(staging, VOCAB_DIR, f"{name}.json"))
+            relative = tokenizer_path(name)
+            path = filesystems.join(staging, *relative.split("/"))
+            if not filesystems.exists(path) and not training_texts.get(name):
+                raise BuildRejectedError(
+                    f"text field {name!r}: the training split holds no text to learn its "
+                    "tokenizer from"
+                )
+            model = filesystems.read_bytes(require_side_file(path))
             feature = replace(
                 feature,
-                vocabulary_file=f"{VOCAB_DIR}/{name}.json",
-                vocab_size=Vocabulary.load(path).size,
+                tokenizer_file=relative,
+                tokenizer_sha256=hashlib.sha256(model).hexdigest(),
+                vocab_size=vocab_size(model),
             )
         finished[name] = feature
     return finished
@@ -285,7 +293,14 @@ def build_dataset(
             )
             report["schema"] = resolved.report()
             check_build(report, staging, destination)
-            features = _finish_features(features, staging, categories, vocab_fields(spec, schema))
+            train_stats = (statistics.get(training_split(spec)) or {}).get("features", {})
+            features = _finish_features(
+                features,
+                staging,
+                categories,
+                vocab_fields(spec, schema),
+                {name: (stats or {}).get("count", 0) for name, stats in train_stats.items()},
+            )
             manifest = Manifest(
                 name=spec.name,
                 spec_hash=as_written.spec_hash(),
@@ -297,9 +312,9 @@ def build_dataset(
                     split: statistics.get(split) or empty_statistics(features) for split in splits
                 },
                 vocabularies={
-                    name: feature.vocabulary_file
+                    name: feature.tokenizer_file
                     for name, feature in features.items()
-                    if feature.vocabulary_file
+                    if feature.tokenizer_file
                 },
                 created=datetime.now(UTC).isoformat(timespec="seconds"),
                 provenance={"spec": as_written.model_dump(mode="json", by_alias=True)},

@@ -9,6 +9,8 @@ underscore are bookkeeping and never reach the written Examples:
 - ``_rank``: a sortable string (source index, file, position); whenever the pipeline
   must choose one record among equals (de-duplication, shard order) it takes the
   smallest rank, so every run and every runner chooses the same one.
+- ``_num_tokens``: text field -> the number of tokens its learned model makes of the
+  record's text, for the token statistics (research.data.tokenizer).
 
 Records that cannot be used are not dropped silently: they go to the quarantine
 output as ``{"origin", "stage", "reason", "raw"}`` and are written to
@@ -29,6 +31,7 @@ Record = dict[str, Any]
 
 ORIGIN = "_origin"
 RANK = "_rank"
+TOKEN_COUNTS = "_num_tokens"
 QUARANTINE_TAG = "quarantine"
 DROPPED_TAG = "dropped"
 METRICS_NAMESPACE = "slipway.data"
@@ -106,7 +109,7 @@ def content_digest(record: Record, fields: list[str] | None = None) -> bytes:
 def pack_records(batch: list[Record]) -> bytes:
     """A batch of records as one compressed element.
 
-    Records that must wait (for a side input such as the vocabulary, or for a dedup
+    Records that must wait (for a side input such as the tokenizers, or for a dedup
     verdict) are held in memory by Beam's in-process runner; compressed batches are about
     a quarter of the records' encoded size.
     """

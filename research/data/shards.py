@@ -29,7 +29,7 @@ from typing import Any
 import apache_beam as beam
 
 from contracts.dataset_manifest import ShardInfo
-from contracts.features import FeatureSpec, encode_example, token_ids_key
+from contracts.features import FeatureSpec, encode_example
 from research.data import filesystems
 from research.data.records import RANK, Record
 from research.data.sorted_runs import Item, WriteSortedRuns, merge_runs
@@ -132,15 +132,9 @@ class _ShardItem:
     def __init__(self, features: Mapping[str, FeatureSpec], shards: Mapping[str, int]) -> None:
         self._features = dict(features)
         self._shards = dict(shards)
-        self._text_fields = [name for name, spec in features.items() if spec.type == "text"]
 
     def __call__(self, record: Record) -> tuple[ShardKey, Item]:
-        token_ids = {
-            name: record[token_ids_key(name)]
-            for name in self._text_fields
-            if record.get(token_ids_key(name)) is not None
-        }
-        example = encode_example(record, self._features, token_ids)
+        example = encode_example(record, self._features)
         split, rank = record[SPLIT], record[RANK]
         key = (split, shard_index(rank, self._shards[split]))
         return key, (order_key(rank).to_bytes(8, "big"), zlib.compress(example, 1))

@@ -231,12 +231,29 @@ class SplitSpec(StrictModel):
 
 
 class VocabSpec(StrictModel):
+    """A sentencepiece model per text field, learned from the training split."""
+
     fields: list[str] | None = Field(default=None, description="default: every text field")
-    size: int = Field(default=8000, ge=16, description="subword tokens per vocabulary")
-    min_frequency: int = Field(
-        default=2, ge=1, description="rarer words are left out of the vocabulary's training"
+    size: int = Field(
+        default=8000,
+        ge=16,
+        description="subword tokens per vocabulary; a corpus too small to fill it gets fewer",
     )
-    lowercase: bool = Field(default=True, description="tokenize lower-cased text")
+    model_type: Literal["unigram", "bpe"] = Field(
+        default="unigram",
+        description="sentencepiece algorithm; unigram models also run in TFLite's fast kernel",
+    )
+    character_coverage: float = Field(
+        default=0.9995,
+        gt=0.0,
+        le=1.0,
+        description="share of the characters seen that get a token; the rarest others are unknown",
+    )
+    input_sentence_size: int = Field(
+        default=1_000_000,
+        ge=1,
+        description="texts the model is learned from at most: a sample fixed by their content",
+    )
 
 
 class OutputSpec(StrictModel):

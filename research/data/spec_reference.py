@@ -60,7 +60,8 @@ EXAMPLES: dict[str, Any] = {
     "clean.pii.phone_regions": ["US", "CA", "GB", "IN"],
     "dedup.near.num_perm": 256,
     "split.key": "user_id",
-    "vocab.lowercase": False,
+    "vocab.character_coverage": 1.0,
+    "vocab.input_sentence_size": 200_000,
 }
 
 

@@ -33,8 +33,9 @@ from typing import Any
 import apache_beam as beam
 
 from contracts.dataset_manifest import QUANTILES
-from contracts.features import FeatureSpec, token_ids_key
+from contracts.features import FeatureSpec
 from research.data.categories import frequency_rank
+from research.data.records import TOKEN_COUNTS
 
 MAX_FREQUENCIES = 1000
 
@@ -217,7 +218,7 @@ class _TextAccumulator:
     """
 
     def __init__(self, name: str) -> None:
-        self.tokens_key = token_ids_key(name)
+        self.name = name
         self.count = 0
         self.missing = 0
         self.lengths: Counter[int] = Counter()
@@ -229,9 +230,9 @@ class _TextAccumulator:
             return
         self.count += 1
         self.lengths[len(value if isinstance(value, str) else str(value))] += 1
-        token_ids = record.get(self.tokens_key)
-        if token_ids is not None:
-            self.token_lengths[len(token_ids)] += 1
+        tokens = record.get(TOKEN_COUNTS, {}).get(self.name)
+        if tokens is not None:
+            self.token_lengths[tokens] += 1
 
     def merge(self, other: _TextAccumulator) -> None:
         self.count += other.count

@@ -37,7 +37,7 @@ from rich.text import Text
 
 from contracts.dataset_manifest import DatasetError, Manifest, ShardInfo, load_manifest
 from contracts.digests import file_sha256
-from contracts.features import FeatureSpec, parsing_spec, token_ids_key
+from contracts.features import FeatureSpec, parsing_spec
 from research.data.rejects import DROPPED_FILE, QUARANTINE_FILE, read_entries
 from research.data.report import REPORT_FILE
 
@@ -158,20 +158,12 @@ def _check_manifest(root: Path, manifest: Manifest) -> Iterator[Problem]:
         issue = _feature_spec_issue(spec)
         if issue:
             yield Problem("error", "manifest.features", f"{where}: feature {name!r}: {issue}")
-        if spec.vocabulary_file and not (root / spec.vocabulary_file).is_file():
-            yield Problem(
-                "error",
-                "vocabulary",
-                f"{where}: feature {name!r}: vocabulary file {spec.vocabulary_file} is missing",
-            )
+        issue = _tokenizer_issue(root, spec)
+        if issue:
+            yield Problem("error", "tokenizer", f"{where}: feature {name!r}: {issue}")
     for label in manifest.labels:
         if label not in manifest.features:
             yield Problem("error", "manifest.labels", f"{where}: label {label!r} is not a feature")
-    for name, relative in manifest.vocabularies.items():
-        if not (root / relative).is_file():
-            yield Problem(
-                "error", "vocabulary", f"{where}: vocabulary {name!r}: {relative} is missing"
-            )
     paths = Counter(shard.path for split in manifest.splits.values() for shard in split.shards)
     for path, times in sorted(paths.items()):
         if times > 1:
@@ -195,6 +187,18 @@ def _check_manifest(root: Path, manifest: Manifest) -> Iterator[Problem]:
                 f"{where}: split {split.name!r}: statistics count {stats.get('num_records')} "
                 f"records but the shards hold {split.num_records}",
             )
+
+
+def _tokenizer_issue(root: Path, spec: FeatureSpec) -> str | None:
+    """What keeps a text feature's sentencepiece model from being used, if anything."""
+    if not spec.tokenizer_file:
+        return None
+    path = root / spec.tokenizer_file
+    if not path.is_file():
+        return f"tokenizer file {spec.tokenizer_file} is missing"
+    if spec.tokenizer_sha256 and file_sha256(path) != spec.tokenizer_sha256:
+        return f"tokenizer file {spec.tokenizer_file} does not match its SHA-256"
+    return None
 
 
 def _check_build_logs(root: Path, manifest: Manifest) -> Iterator[Problem]:
@@ -412,10 +416,6 @@ class _ExampleChecker:
             if name in feature_map:  # an absent feature is a missing value, read as the default
                 for detail in self._check_feature(spec, feature_map[name]):
                     yield "error", "example.feature", f"feature {name!r}: {detail}"
-            tokens_key = token_ids_key(name)
-            if spec.type == "text" and tokens_key in feature_map:
-                for detail in self._check_token_ids(spec, feature_map[tokens_key]):
-                    yield "error", "example.feature", f"feature {tokens_key!r}: {detail}"
 
     def _check_feature(self, spec: FeatureSpec, feature: Any) -> Iterator[str]:
         kind = feature.WhichOneof("kind")
@@ -438,17 +438,6 @@ class _ExampleChecker:
                 yield "value is not valid UTF-8"
         elif spec.type == "image":
             yield from _check_image(spec, value)
-
-    @staticmethod
-    def _check_token_ids(spec: FeatureSpec, feature: Any) -> Iterator[str]:
-        kind = feature.WhichOneof("kind")
-        if kind not in ("int64_list", None):
-            yield f"expected int64_list, found {kind}"
-            return
-        if spec.vocab_size is not None and any(
-            not 0 <= token < spec.vocab_size for token in feature.int64_list.value
-        ):
-            yield f"token id outside [0, {spec.vocab_size})"
 
 
 def _check_image(spec: FeatureSpec, data: bytes) -> Iterator[str]:

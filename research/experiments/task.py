@@ -183,7 +183,15 @@ class ExperimentTask:
     def build_preprocessor(self) -> FeaturePreprocessor:
         """The model inputs' in-graph preprocessing, as the input pipeline runs it: the
         exported serving graph runs it on the raw features clients send."""
-        return FeaturePreprocessor.for_inputs(self.manifest, self.inputs)
+        lengths = {
+            name: spec.shape[0] for name, spec in self.inputs.items() if spec.kind == "tokens"
+        }
+        return FeaturePreprocessor.for_inputs(
+            self.manifest,
+            self.inputs,
+            dataset_dir=self.config.resolve(self.config.data.dataset),
+            sequence_lengths=lengths,
+        )
 
     def build_losses(self) -> dict[str, keras.losses.Loss]:
         """Each head's loss (batch mean), keyed by head; weigh them by ``loss_weights``."""

@@ -7,12 +7,15 @@ with the same constants (statistics, vocabularies) taken from the same manifest.
 Raw form, per feature type (what a client sends under the feature's dataset name):
 - numeric: float32 values of the feature's shape -> standardized float32;
 - categorical: the category string -> int64 id (0 for a value never seen in training);
+- text: the text -> int32 token ids of the dataset's sentencepiece model, padded;
 - image: the encoded file (PNG, JPEG, ...) -> float32 pixels in [0, 1].
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
@@ -23,6 +26,7 @@ from contracts.features import FeatureSpec
 from research.preprocessing.categorical import category_lookup
 from research.preprocessing.image import image_decoder
 from research.preprocessing.numeric import standardizer
+from research.preprocessing.text import tokenizer_for
 
 TRAIN_SPLIT = "train"
 
@@ -52,14 +56,28 @@ def raw_spec(feature: FeatureSpec) -> tf.TensorSpec:
     return tf.TensorSpec([None], tf.string, name=feature.name)
 
 
-Builder = Callable[[FeatureSpec, Manifest], keras.layers.Layer]
+@dataclass(frozen=True)
+class DatasetContext:
+    """What a feature's preprocessing is built from besides its spec: the manifest
+    (statistics), the dataset directory (tokenizer files) and the token sequence length
+    of each text input (``None``: each batch padded to its longest)."""
+
+    manifest: Manifest
+    directory: Path
+    sequence_lengths: Mapping[str, int | None]
+
+
+Builder = Callable[[FeatureSpec, DatasetContext], keras.layers.Layer]
 
 _BUILDERS: dict[str, Builder] = {
-    "numeric": lambda feature, manifest: standardizer(
-        feature, feature_statistics(manifest, feature.name)
+    "numeric": lambda feature, context: standardizer(
+        feature, feature_statistics(context.manifest, feature.name)
     ),
-    "categorical": lambda feature, manifest: category_lookup(feature),
-    "image": lambda feature, manifest: image_decoder(feature),
+    "categorical": lambda feature, context: category_lookup(feature),
+    "text": lambda feature, context: tokenizer_for(
+        context.directory, feature, context.sequence_lengths.get(feature.name)
+    ),
+    "image": lambda feature, context: image_decoder(feature),
 }
 
 
@@ -70,7 +88,9 @@ class FeaturePreprocessor(tf.Module):
     constants, and a ``tf.data`` map or a serving function can call it.
     """
 
-    def __init__(self, layers: Mapping[str, keras.layers.Layer], specs: Mapping[str, tf.TensorSpec]):
+    def __init__(
+        self, layers: Mapping[str, keras.layers.Layer], specs: Mapping[str, tf.TensorSpec]
+    ):
         super().__init__(name="preprocessing")
         self.layers = dict(layers)
         self._specs = dict(specs)

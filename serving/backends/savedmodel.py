@@ -8,6 +8,7 @@ not carry (method name, graph tensor names) for ``GetModelMetadata``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,14 @@ from serving.signature import PREDICT_METHOD, Signature, TensorSpec
 SERVE_TAG = "serve"
 
 
+def _register_text_ops() -> None:
+    """Register tensorflow_text's ops, which a model that tokenizes raw text calls
+    (research.preprocessing.text); without them such a SavedModel does not load. A
+    gateway without the package still serves every other model."""
+    with contextlib.suppress(ImportError):
+        import tensorflow_text  # noqa: F401
+
+
 class SavedModelBackend:
     """A SavedModel loaded with ``tf.saved_model.load`` (tag ``serve``)."""
 
@@ -30,6 +39,7 @@ class SavedModelBackend:
 
         self._tf = tf
         self.path = Path(path)
+        _register_text_ops()
         self._model: Any = tf.saved_model.load(str(self.path), tags=[SERVE_TAG])
         self._functions = dict(self._model.signatures)
         definitions = _signature_defs(self.path)

@@ -59,7 +59,7 @@ CORPUS_SPEC = {
     "labels": ["topic"],
     "clean": {"pii": {"enabled": False}},
     "dedup": {"exact": {"enabled": False}},
-    "vocab": {"size": 300, "min_frequency": 2},
+    "vocab": {"size": 300},
     "output": {"num_shards": {"train": 2, "validation": 1, "test": 1}},
 }
 
@@ -138,7 +138,12 @@ def train_and_publish(family: str, dataset_dir: Path, model_root: Path) -> Path:
     train = training_data(dataset_dir, model, heads, batch_size=64)
     history = fine_tune(model, train, heads, epochs=epochs, learning_rate=3e-3, seed=0)
     labels = label_descriptions(ModelIO(inputs=inputs, heads=heads), manifest)
-    preprocessor = FeaturePreprocessor.for_inputs(manifest, inputs)
+    preprocessor = FeaturePreprocessor.for_inputs(
+        manifest,
+        inputs,
+        dataset_dir=dataset_dir,
+        sequence_lengths={name: SEQUENCE_LENGTH for name in inputs},
+    )
 
     def write(directory: Path) -> None:
         signature = save_serving_model(model, directory, preprocessor, class_names(labels))

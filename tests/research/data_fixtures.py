@@ -171,7 +171,7 @@ def tabular_spec(name: str, source: str = "table.csv") -> dict[str, Any]:
             "note": {"type": "text"},
         },
         "labels": ["colour"],
-        "vocab": {"size": 64, "min_frequency": 1},
+        "vocab": {"size": 64},
         "output": {"num_shards": {"train": 2, "validation": 1, "test": 1}},
     }
 

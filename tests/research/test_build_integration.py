@@ -7,6 +7,7 @@ the pipeline's own modules.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import unicodedata
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import sentencepiece as spm
 
 from contracts.dataset_manifest import load_manifest
 from research.data.input_pipeline import PAD_ID, make_dataset
@@ -25,7 +27,6 @@ from research.data.pipeline import BuildResult, build_dataset
 from research.data.spec import load_spec
 from research.data.synthetic import GroundTruth, write_corpus_jsonl
 from research.data.validate import validate_dataset
-from research.data.vocab import Vocabulary
 from tests.research.data_fixtures import (
     all_examples,
     copy_example_spec,
@@ -292,21 +293,26 @@ def test_every_merged_duplicate_is_logged_with_the_record_kept(corpus: Corpus) -
     assert lines == sorted(lines)
 
 
-def test_token_ids_come_from_the_vocabulary_the_manifest_names(corpus: Corpus) -> None:
+def test_text_fields_get_the_sentencepiece_model_the_manifest_names(corpus: Corpus) -> None:
     manifest = corpus.result.manifest
+    root = Path(corpus.result.output_dir)
     text = manifest.features["text"]
-    assert text.vocabulary_file == "vocab/text.json"
-    assert manifest.vocabularies == {"text": "vocab/text.json"}
-    path = Path(corpus.result.output_dir) / text.vocabulary_file
-    assert path.is_file()
-    vocabulary = Vocabulary.load(path)
-    assert text.vocab_size == vocabulary.size <= 2000
-    assert "[EMAIL]" in vocabulary.tokens
-    for example in corpus.examples:
-        ids = example["text/token_ids"]
-        assert ids and all(0 <= token < vocabulary.size for token in ids)
-        assert ids == vocabulary.encode(text_of(example, "text"))
-    assert validate_dataset(Path(corpus.result.output_dir)).ok
+    assert text.tokenizer_file == "tokenizers/text.model"
+    assert manifest.vocabularies == {"text": "tokenizers/text.model"}
+    model = (root / text.tokenizer_file).read_bytes()
+    assert text.tokenizer_sha256 == hashlib.sha256(model).hexdigest()
+    processor = spm.SentencePieceProcessor(model_proto=model)
+    assert (processor.pad_id(), processor.unk_id()) == (0, 1)
+    assert text.vocab_size == processor.get_piece_size() <= 2000
+    assert not any(key.startswith("text/") for example in corpus.examples for key in example)
+    for split in manifest.splits:
+        lengths = [
+            len(processor.encode(text_of(example, "text")))
+            for example in read_examples(root, split)[split]
+        ]
+        quantiles = manifest.statistics[split]["features"]["text"]["token_quantiles"]
+        assert quantiles["p100"] == max(lengths) and quantiles["p0"] == min(lengths)
+    assert validate_dataset(root).ok
 
 
 def test_corpus_labels_keep_topic_and_score_together(corpus: Corpus) -> None:
@@ -387,7 +393,7 @@ def broken_csv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, BuildRes
                 "colour": {"type": "categorical"},
                 "note": {"type": "text"},
             },
-            "vocab": {"size": 64, "min_frequency": 1},
+            "vocab": {"size": 64},
             "output": {"num_shards": 2},
         },
     )
@@ -512,7 +518,7 @@ def every_type(tmp_path_factory: pytest.TempPathFactory) -> EveryType:
             },
             "labels": ["species", "weight"],
             "split": {"ratios": {"train": 0.75, "test": 0.25}},
-            "vocab": {"size": 200, "min_frequency": 1},
+            "vocab": {"size": 200},
             "output": {"num_shards": {"train": 3, "test": 1}, "compression": "gzip"},
         },
     )
@@ -523,8 +529,8 @@ def every_type(tmp_path_factory: pytest.TempPathFactory) -> EveryType:
 def test_input_pipeline_reads_back_every_feature_type(every_type: EveryType) -> None:
     arrays, result = every_type.arrays, every_type.result
     manifest = load_manifest(Path(result.output_dir))
-    vocabulary = Vocabulary.load(
-        Path(result.output_dir) / manifest.features["text"].vocabulary_file
+    processor = spm.SentencePieceProcessor(
+        model_file=str(Path(result.output_dir) / manifest.features["text"].tokenizer_file)
     )
     colours = manifest.features["colour"].vocabulary
     species = manifest.features["species"].vocabulary
@@ -552,7 +558,7 @@ def test_input_pipeline_reads_back_every_feature_type(every_type: EveryType) -> 
                 image = np.round(features["image"][row] * 255.0).astype(np.uint8)
                 np.testing.assert_array_equal(image, arrays["image"][index])
                 ids = features["text"][row]
-                expected = vocabulary.encode(every_type.clean_texts[index])
+                expected = processor.encode(every_type.clean_texts[index])[: len(ids)]
                 assert ids[: len(expected)].tolist() == expected
                 assert (ids[len(expected) :] == PAD_ID).all()
                 assert species[labels["species"][row]] == str(arrays["species"][index])

@@ -124,7 +124,7 @@ def docstrings_spec(directory: Path, label: str) -> Path:
             "sources": [{"type": "jsonl", "path": "docs.jsonl"}],
             "schema": {"doc": {"type": "text"}, label: {"type": "categorical"}},
             "labels": [label],
-            "vocab": {"size": 64, "min_frequency": 1},
+            "vocab": {"size": 64},
         },
     )
 

@@ -78,10 +78,10 @@ def test_build_writes_a_complete_dataset_at_the_default_location(table: Path) ->
         "quarantine.jsonl",
         "report.json",
         "test-00000-of-00001.tfrecord",
+        "tokenizers",
         "train-00000-of-00002.tfrecord",
         "train-00001-of-00002.tfrecord",
         "validation-00000-of-00001.tfrecord",
-        "vocab",
     ]
     assert leftovers(table.parent, "table") == []
 

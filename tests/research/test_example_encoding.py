@@ -21,7 +21,7 @@ from contracts.example_encoding import (
     int64_feature,
     serialize_example,
 )
-from contracts.features import FeatureSpec, encode_example, parsing_spec, token_ids_key
+from contracts.features import FeatureSpec, encode_example, parsing_spec
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 # Every double: nan, infinities, values beyond float32 (protobuf makes them infinite),
@@ -40,12 +40,11 @@ FEATURES = {
         FeatureSpec("label", "categorical", vocabulary=("a", "b"), is_label=True),
         FeatureSpec("body", "text", vocab_size=70_000),
         FeatureSpec("photo", "image", height=2, width=2, channels=1),
-        # A key that "body/token_ids" sorts between, and a non-ASCII key: map order.
+        # A key that has another as its prefix, and a non-ASCII key: map order.
         FeatureSpec("body2", "text"),
         FeatureSpec("é", "categorical"),
     )
 }
-TEXT_FIELDS = [name for name, spec in FEATURES.items() if spec.type == "text"]
 
 
 def feature_value(spec: FeatureSpec) -> st.SearchStrategy[Any]:
@@ -64,16 +63,9 @@ def feature_value(spec: FeatureSpec) -> st.SearchStrategy[Any]:
 
 
 RECORDS = st.fixed_dictionaries({name: feature_value(spec) for name, spec in FEATURES.items()})
-TOKEN_IDS = st.fixed_dictionaries(
-    {},
-    optional={
-        name: st.lists(st.integers(0, 2**40) | st.integers(0, 200), max_size=20)
-        for name in TEXT_FIELDS
-    },
-)
 
 
-def reference_example(record: dict[str, Any], token_ids: dict[str, list[int]]) -> tf.train.Example:
+def reference_example(record: dict[str, Any]) -> tf.train.Example:
     """The feature contract (contracts/features.py) built with TensorFlow's protobuf."""
     feature: dict[str, tf.train.Feature] = {}
     for name, spec in FEATURES.items():
@@ -89,8 +81,6 @@ def reference_example(record: dict[str, Any], token_ids: dict[str, list[int]]) -
         else:
             data = value if isinstance(value, bytes) else value.encode("utf-8")
             feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[data]))
-    for name, ids in token_ids.items():
-        feature[token_ids_key(name)] = tf.train.Feature(int64_list=tf.train.Int64List(value=ids))
     return tf.train.Example(features=tf.train.Features(feature=feature))
 
 
@@ -100,26 +90,17 @@ def canonical(example: tf.train.Example) -> bytes:
 
 
 @settings(max_examples=400, deadline=None)
-@given(record=RECORDS, token_ids=TOKEN_IDS)
-def test_records_encode_as_tensorflow_builds_them(
-    record: dict[str, Any], token_ids: dict[str, list[int]]
-) -> None:
-    ours = encode_example(record, FEATURES, token_ids)
-    assert canonical(tf.train.Example.FromString(ours)) == canonical(
-        reference_example(record, token_ids)
-    )
+@given(record=RECORDS)
+def test_records_encode_as_tensorflow_builds_them(record: dict[str, Any]) -> None:
+    ours = encode_example(record, FEATURES)
+    assert canonical(tf.train.Example.FromString(ours)) == canonical(reference_example(record))
 
 
 @settings(max_examples=200, deadline=None)
-@given(record=RECORDS, token_ids=TOKEN_IDS)
-def test_the_encoding_does_not_depend_on_feature_order(
-    record: dict[str, Any], token_ids: dict[str, list[int]]
-) -> None:
+@given(record=RECORDS)
+def test_the_encoding_does_not_depend_on_feature_order(record: dict[str, Any]) -> None:
     reversed_features = dict(reversed(FEATURES.items()))
-    reversed_ids = dict(reversed(token_ids.items()))
-    assert encode_example(record, FEATURES, token_ids) == encode_example(
-        record, reversed_features, reversed_ids
-    )
+    assert encode_example(record, FEATURES) == encode_example(record, reversed_features)
 
 
 def single_feature_bytes(feature: tf.train.Feature) -> bytes:
@@ -180,18 +161,11 @@ PARSED = {
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    record=st.fixed_dictionaries({}, optional=PARSED),
-    token_ids=TOKEN_IDS,
-)
-def test_tensorflows_parser_reads_back_every_value(
-    record: dict[str, Any], token_ids: dict[str, list[int]]
-) -> None:
+@given(record=st.fixed_dictionaries({}, optional=PARSED))
+def test_tensorflows_parser_reads_back_every_value(record: dict[str, Any]) -> None:
     """Through the parsing spec the input pipeline uses; a missing feature reads as its
     default."""
-    parsed = tf.io.parse_single_example(
-        encode_example(record, FEATURES, token_ids), parsing_spec(FEATURES)
-    )
+    parsed = tf.io.parse_single_example(encode_example(record, FEATURES), parsing_spec(FEATURES))
     for name, spec in FEATURES.items():
         value = record.get(name)
         got = parsed[name].numpy()
@@ -204,6 +178,3 @@ def test_tensorflows_parser_reads_back_every_value(
         else:
             default = b"" if value is None else value
             assert got == (default if isinstance(default, bytes) else default.encode("utf-8"))
-    for name in TEXT_FIELDS:
-        ids = parsed[token_ids_key(name)].values.numpy().tolist()
-        assert ids == token_ids.get(name, [])

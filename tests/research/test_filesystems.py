@@ -11,7 +11,8 @@ import tensorflow as tf
 
 from research.data import filesystems
 from research.data.shards import write_shard
-from research.data.vocab import learn_vocabulary
+from research.data.spec import VocabSpec
+from research.data.tokenizer import save_tokenizers, train_tokenizer
 from tests.research.memory_filesystem import MemoryFileSystem
 
 
@@ -79,9 +80,15 @@ def test_a_replaced_file_is_never_seen_half_written(bucket: dict[str, bytes]) ->
     assert filesystems.read_bytes(path) == b'{"new": 2}'
 
 
-def test_a_vocabulary_saves_to_and_loads_from_a_uri(bucket: dict[str, bytes]) -> None:
-    vocabulary = learn_vocabulary({"lower": 5, "lowest": 3, "newer": 4}, size=40)
-    vocabulary.save("memtest://bucket/ds/vocab/text.json", "memtest://bucket/ds/_build/tmp")
-    assert list(bucket) == ["memtest://bucket/ds/vocab/text.json"]
-    loaded = type(vocabulary).load("memtest://bucket/ds/vocab/text.json")
-    assert loaded.to_json() == vocabulary.to_json()
+def test_a_tokenizer_model_saves_to_a_uri(bucket: dict[str, bytes]) -> None:
+    import apache_beam as beam
+
+    model = train_tokenizer(["lower lowest newer", "newest lower"] * 5, VocabSpec(size=40), "text")
+    with beam.Pipeline() as pipeline:
+        _ = (
+            pipeline
+            | beam.Create([("text", model)])
+            | save_tokenizers("memtest://bucket/ds", "memtest://bucket/ds/_build/tmp")
+        )
+    assert list(bucket) == ["memtest://bucket/ds/tokenizers/text.model"]
+    assert filesystems.read_bytes("memtest://bucket/ds/tokenizers/text.model") == model

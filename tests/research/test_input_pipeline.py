@@ -5,17 +5,19 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import sentencepiece as spm
 import tensorflow as tf
 from PIL import Image
 
 from contracts.dataset_manifest import DatasetError, Manifest, ShardInfo, SplitInfo, write_manifest
 from contracts.digests import file_sha256
-from contracts.features import TOKEN_IDS_SUFFIX, FeatureSpec, encode_example
+from contracts.features import FeatureSpec, encode_example
 from research.data.input_pipeline import (
     PAD_ID,
     UNK_ID,
@@ -23,8 +25,27 @@ from research.data.input_pipeline import (
     describe_inputs,
     make_dataset,
 )
+from research.data.spec import VocabSpec
+from research.data.tokenizer import train_tokenizer
 
 Record = dict[str, Any]
+
+WORDS = [
+    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
+    "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon",
+]  # fmt: skip
+# Every text feature of a fixture dataset is tokenized with this model; a word of WORDS is
+# one token, other text falls back to smaller pieces.
+TOKENIZER = train_tokenizer([" ".join(WORDS)] * 20 + list(WORDS), VocabSpec(size=64), "fixture")
+PROCESSOR = spm.SentencePieceProcessor(model_proto=TOKENIZER)
+
+
+def encode(text: str, length: int | None = None) -> list[int]:
+    """The ids sentencepiece itself gives ``text``, padded or truncated to ``length``."""
+    ids = PROCESSOR.encode(text)
+    if length is None:
+        return ids
+    return ids[:length] + [PAD_ID] * (length - len(ids))
 
 
 def png(array: np.ndarray) -> bytes:
@@ -45,10 +66,10 @@ def write_dataset(
 ) -> Manifest:
     """Write ``split -> shards -> records`` as TFRecord shards plus a manifest.
 
-    A record's ``<text>/token_ids`` key carries that text field's token ids.
+    Every text feature gets ``TOKENIZER`` as its model.
     """
     root.mkdir(parents=True, exist_ok=True)
-    specs = {spec.name: spec for spec in features}
+    specs = {spec.name: with_tokenizer(root, spec) for spec in features}
     options = tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
     split_infos = {}
     for split, shards in splits.items():
@@ -58,12 +79,7 @@ def write_dataset(
             path = root / name
             with tf.io.TFRecordWriter(str(path), options) as writer:
                 for record in records:
-                    token_ids = {
-                        key.removesuffix(TOKEN_IDS_SUFFIX): ids
-                        for key, ids in record.items()
-                        if key.endswith(TOKEN_IDS_SUFFIX)
-                    }
-                    writer.write(encode_example(record, specs, token_ids))
+                    writer.write(encode_example(record, specs))
             infos.append(ShardInfo(name, len(records), file_sha256(path), os.path.getsize(path)))
         split_infos[split] = SplitInfo(split, tuple(infos))
     manifest = Manifest(
@@ -77,6 +93,20 @@ def write_dataset(
     )
     write_manifest(root, manifest)
     return manifest
+
+
+def with_tokenizer(root: Path, spec: FeatureSpec) -> FeatureSpec:
+    if spec.type != "text":
+        return spec
+    path = root / "tokenizers" / f"{spec.name}.model"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(TOKENIZER)
+    return replace(
+        spec,
+        tokenizer_file=f"tokenizers/{spec.name}.model",
+        tokenizer_sha256=file_sha256(path),
+        vocab_size=PROCESSOR.get_piece_size(),
+    )
 
 
 def ids_dataset(root: Path, num_shards: int, per_shard: int, split: str = "train") -> list[int]:
@@ -113,19 +143,19 @@ EVERY_TYPE = [
     FeatureSpec("vec", "numeric", shape=(3,)),
     FeatureSpec("count", "numeric", dtype="int64"),
     FeatureSpec("color", "categorical", vocabulary=COLORS),
-    FeatureSpec("body", "text", vocab_size=50),
+    FeatureSpec("body", "text"),
     FeatureSpec("img", "image", height=4, width=5, channels=3),
     FeatureSpec("label", "categorical", vocabulary=("cat", "dog"), is_label=True),
 ]
 EVERY_TYPE_RECORDS = [
-    {"x": 0.5, "vec": [1, 2, 3], "count": 7, "color": "blue", "body": "a b",
-     "body/token_ids": [5, 6], "img": png(IMAGES[0]), "label": "dog"},
-    {"x": -1.25, "vec": [4, 5, 6], "count": -3, "color": "purple", "body": "c d e f g h",
-     "body/token_ids": [7, 8, 9, 10, 11, 12], "img": png(IMAGES[1]), "label": "cat"},
+    {"x": 0.5, "vec": [1, 2, 3], "count": 7, "color": "blue", "body": "alpha beta",
+     "img": png(IMAGES[0]), "label": "dog"},
+    {"x": -1.25, "vec": [4, 5, 6], "count": -3, "color": "purple",
+     "body": "gamma delta epsilon zeta eta theta", "img": png(IMAGES[1]), "label": "cat"},
     {"x": 2.0, "vec": [0, 0, 1], "count": 2**40, "color": "red", "body": "",
-     "body/token_ids": [], "img": png(IMAGES[2]), "label": "bird"},
-    {"x": 3.0, "vec": [1, 1, 1], "count": 0, "body": "i",
-     "body/token_ids": [13], "img": png(IMAGES[3]), "label": "cat"},
+     "img": png(IMAGES[2]), "label": "bird"},
+    {"x": 3.0, "vec": [1, 1, 1], "count": 0, "body": "iota", "img": png(IMAGES[3]),
+     "label": "cat"},
 ]  # fmt: skip
 
 
@@ -170,12 +200,9 @@ def test_every_feature_type_round_trips(every_type: Path) -> None:
     assert features["color"].numpy().tolist() == [3, 0, 1, 0]
     # padded with 0 and truncated to sequence_length
     assert features["body"].dtype == tf.int32
-    assert features["body"].numpy().tolist() == [
-        [5, 6, 0, 0],
-        [7, 8, 9, 10],
-        [0, 0, 0, 0],
-        [13, 0, 0, 0],
-    ]
+    bodies = [record["body"] for record in EVERY_TYPE_RECORDS]
+    assert [len(encode(body)) for body in bodies] == [2, 6, 0, 1]  # a word is a token
+    assert features["body"].numpy().tolist() == [encode(body, 4) for body in bodies]
     assert features["img"].dtype == tf.float32 and features["img"].shape == (4, *IMAGE_SHAPE)
     np.testing.assert_allclose(features["img"].numpy(), np.stack(IMAGES) / 255.0, atol=1e-6)
     # cat, dog; an unknown class gets the OOV id
@@ -186,13 +213,13 @@ def test_every_feature_type_round_trips(every_type: Path) -> None:
 def test_sequence_length_defaults_to_longest_in_statistics(every_type: Path) -> None:
     (features, _), *_ = make_dataset(every_type, "train", batch_size=8, shuffle=False)
     assert features["body"].shape == (4, 6)
-    assert features["body"].numpy()[1].tolist() == [7, 8, 9, 10, 11, 12]
+    assert features["body"].numpy()[1].tolist() == encode(EVERY_TYPE_RECORDS[1]["body"])
     assert describe_inputs(every_type)["body"]["shape"] == (6,)
 
 
 def test_sequence_length_without_statistics_is_the_longest_in_the_batch(tmp_path: Path) -> None:
-    records = [{"t": "x", "t/token_ids": [4] * n} for n in (1, 3, 2, 5)]
-    write_dataset(tmp_path, [FeatureSpec("t", "text", vocab_size=9)], {"train": [records]})
+    records = [{"t": " ".join(WORDS[:n])} for n in (1, 3, 2, 5)]
+    write_dataset(tmp_path, [FeatureSpec("t", "text")], {"train": [records]})
     dataset = make_dataset(tmp_path, "train", batch_size=2, shuffle=False)
     assert [batch["t"].shape[1] for batch in dataset] == [3, 5]
     assert describe_inputs(tmp_path)["t"]["shape"] == (None,)
@@ -212,7 +239,8 @@ def test_features_subset_and_describe_inputs(every_type: Path) -> None:
     assert described["color"] == {"type": "categorical", "label": False, "shape": (),
                                   "dtype": "int64", "vocab_size": 4}  # fmt: skip
     assert described["label"]["num_classes"] == 2 and described["label"]["label"]
-    assert described["body"]["shape"] == (16,) and described["body"]["vocab_size"] == 50
+    assert described["body"]["shape"] == (16,)
+    assert described["body"]["vocab_size"] == PROCESSOR.get_piece_size()
     assert described["img"]["shape"] == IMAGE_SHAPE
     assert described["vec"]["shape"] == (3,) and described["count"]["dtype"] == "float32"
 
@@ -358,14 +386,13 @@ def test_augmentation_and_token_dropout_change_inputs_only(tmp_path: Path) -> No
     images = [RNG.integers(0, 256, (6, 6, 1), dtype=np.uint8) for _ in range(16)]
     specs = [
         FeatureSpec("img", "image", height=6, width=6, channels=1),
-        FeatureSpec("t", "text", vocab_size=100),
-        FeatureSpec("y", "text", vocab_size=100, is_label=True),
+        FeatureSpec("t", "text"),
+        FeatureSpec("y", "text", is_label=True),
     ]
-    records = [
-        {"img": png(image), "t": "x", "t/token_ids": list(range(10, 30)),
-         "y": "x", "y/token_ids": list(range(10, 30))}
-        for image in images
-    ]  # fmt: skip
+    text = " ".join(WORDS)
+    ids = encode(text)
+    assert len(ids) == 20
+    records = [{"img": png(image), "t": text, "y": text} for image in images]
     write_dataset(tmp_path, specs, {"train": [records]}, labels=["y"])
     original = np.stack(images).astype(np.float32) / 255.0
 
@@ -392,19 +419,19 @@ def test_augmentation_and_token_dropout_change_inputs_only(tmp_path: Path) -> No
     assert (tokens[:, 20:] == PAD_ID).all()
     dropped = tokens[:, :20] == UNK_ID
     assert 0.3 < dropped.mean() < 0.7
-    assert (tokens[:, :20][~dropped] == np.tile(np.arange(10, 30), (16, 1))[~dropped]).all()
-    assert (label.numpy()[:, :20] == np.arange(10, 30)).all()  # labels are never augmented
+    assert (tokens[:, :20][~dropped] == np.tile(ids, (16, 1))[~dropped]).all()
+    assert (label.numpy()[:, :20] == ids).all()  # labels are never augmented
 
 
 def test_iterator_checkpoint_restores_the_exact_position(tmp_path: Path) -> None:
     images = [RNG.integers(0, 256, (8, 8, 3), dtype=np.uint8) for _ in range(60)]
     specs = [
         FeatureSpec("img", "image", height=8, width=8, channels=3),
-        FeatureSpec("t", "text", vocab_size=100),
+        FeatureSpec("t", "text"),
         FeatureSpec("label", "numeric", dtype="int64", is_label=True),
     ]
     records = [
-        {"img": png(image), "t": "x", "t/token_ids": list(range(2, 2 + i % 9)), "label": i}
+        {"img": png(image), "t": " ".join(WORDS[: i % 9]), "label": i}
         for i, image in enumerate(images)
     ]
     write_dataset(
@@ -463,10 +490,10 @@ def test_tampered_or_missing_shard_is_refused(tmp_path: Path) -> None:
 def test_gzip_datasets_are_read(tmp_path: Path) -> None:
     specs = [
         FeatureSpec("id", "numeric", dtype="int64"),
-        FeatureSpec("t", "text", vocab_size=20),
+        FeatureSpec("t", "text"),
     ]
     shards = [
-        [{"id": s * 10 + i, "t": "w", "t/token_ids": [3] * (i + 1)} for i in range(10)]
+        [{"id": s * 10 + i, "t": " ".join(["alpha"] * (i + 1))} for i in range(10)]
         for s in range(3)
     ]
     write_dataset(tmp_path, specs, {"train": shards}, compression="gzip")
@@ -476,5 +503,4 @@ def test_gzip_datasets_are_read(tmp_path: Path) -> None:
     assert collect_ids(dataset) == round_robin(3, 10)
     for batch in dataset:
         for record_id, tokens in zip(batch["id"].numpy(), batch["t"].numpy(), strict=True):
-            length = min(int(record_id) % 10 + 1, 5)
-            assert tokens.tolist() == [3] * length + [0] * (5 - length)
+            assert tokens.tolist() == encode(" ".join(["alpha"] * (int(record_id) % 10 + 1)), 5)

@@ -71,7 +71,7 @@ def test_other_formats_sizes_and_channels_are_converted() -> None:
     decoder = ImageDecoder(6, 5, 3)
     decoded = decoder(tf.constant([encoded(big, "JPEG"), png(grey), b""])).numpy()
     assert decoded.shape == (3, 6, 5, 3)
-    assert 0.0 <= decoded.min() and decoded.max() <= 1.0
+    assert decoded.min() >= 0.0 and decoded.max() <= 1.0
     # shrunk 4x: each pixel is about the mean of its 4x4 block (JPEG and antialiasing blur)
     blocks = big.reshape(6, 4, 5, 4, 3).mean(axis=(1, 3)) / 255.0
     assert np.abs(decoded[0] - blocks).mean() < 0.08
@@ -166,7 +166,7 @@ def served(dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple:
     signature = save_serving_model(
         model,
         directory,
-        FeaturePreprocessor.from_manifest(manifest, inputs),
+        FeaturePreprocessor.from_manifest(manifest, inputs, dataset_dir=dataset),
         class_names={"label": ["no", "yes"]},
     )
     return model, directory, signature
@@ -207,9 +207,7 @@ def test_served_raw_features_predict_as_the_training_pipeline_feeds(
     assert answer["label_classes"].numpy().tolist() == [[b"no", b"yes"]] * 40
 
 
-def test_class_names_that_do_not_fit_the_scores_are_refused(
-    dataset: Path, tmp_path: Path
-) -> None:
+def test_class_names_that_do_not_fit_the_scores_are_refused(dataset: Path, tmp_path: Path) -> None:
     with pytest.raises(ExportError, match="3 class names for output 'label', which has 2"):
         save_serving_model(core_model(dataset), tmp_path / "m", class_names={"label": "abc"})
     with pytest.raises(ExportError, match="no output"):
@@ -236,7 +234,9 @@ def test_a_tflite_core_serves_raw_features_through_its_preprocessing(
 
     model = core_model(dataset)
     inputs = {f.name: f for f in FEATURES if not f.is_label}
-    preprocessor = FeaturePreprocessor.from_manifest(load_manifest(dataset), inputs)
+    preprocessor = FeaturePreprocessor.from_manifest(
+        load_manifest(dataset), inputs, dataset_dir=dataset
+    )
     signature = save_preprocessing(preprocessor, tmp_path / PREPROCESSING_DIR)
     assert signature["inputs"]["img"] == {"dtype": "string", "shape": [-1]}
     assert signature["outputs"]["img"] == {"dtype": "float32", "shape": [-1, 6, 5, 3]}

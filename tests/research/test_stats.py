@@ -14,7 +14,8 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from contracts.features import FeatureSpec, token_ids_key
+from contracts.features import FeatureSpec
+from research.data.records import TOKEN_COUNTS
 from research.data.stats import (
     MAX_FREQUENCIES,
     ComputeStatistics,
@@ -57,7 +58,7 @@ def random_records(count: int, seed: int) -> list[dict]:
                 "n": rng.randint(-(2**40), 2**40),
                 "colour": rng.choice(["red", "green", "blue", "teal", None]),
                 "text": text,
-                token_ids_key("text"): list(range(words)),
+                TOKEN_COUNTS: {"text": words},
                 "image": b"png" if rng.random() > 0.2 else None,
                 "_rank": "ignored",
             }
@@ -179,7 +180,7 @@ def test_nearest_rank_quantiles_match_sorted_list_for_random_lengths():
 
 def test_text_length_and_token_quantiles():
     texts = ["", "ab", "abcd", "héllo", "abcdefghij"]  # 0, 2, 4, 5, 10 characters
-    records = [{"text": t, token_ids_key("text"): [1] * (len(t) // 2)} for t in texts]
+    records = [{"text": t, TOKEN_COUNTS: {"text": len(t) // 2}} for t in texts]
     records.append({"text": None})
     stats = single_pass({"text": FEATURES["text"]}, records)["features"]["text"]
     assert stats["count"] == 5 and stats["missing"] == 1
@@ -203,7 +204,7 @@ def test_text_length_and_token_quantiles():
     }
 
 
-def test_text_without_token_ids_has_null_token_quantiles():
+def test_text_without_token_counts_has_null_token_quantiles():
     stats = single_pass({"text": FEATURES["text"]}, [{"text": "abc"}])["features"]["text"]
     assert stats["length_quantiles"]["p50"] == 3
     assert set(stats["token_quantiles"].values()) == {None}

@@ -16,7 +16,7 @@ from tensorflow.core.example import example_pb2
 
 from contracts.dataset_manifest import Manifest, ShardInfo, SplitInfo, load_manifest, write_manifest
 from contracts.digests import file_sha256
-from contracts.features import FeatureSpec, encode_example, token_ids_key
+from contracts.features import FeatureSpec, encode_example
 from research.data.rejects import DROPPED_FILE, QUARANTINE_FILE, write_entries
 from research.data.report import REPORT_FILE, build_report
 from research.data.spec import QualitySpec
@@ -63,7 +63,6 @@ def make_records(
                 "vec": [rng.random(), rng.random()],
                 "colour": rng.choices(list(colours), weights=list(colours.values()))[0],
                 "text": " ".join(["word"] * words),
-                token_ids_key("text"): [rng.randrange(50) for _ in range(words)],
                 "image": image,
                 "label": rng.randint(0, 1),
             }
@@ -75,12 +74,7 @@ def serialize(record: dict | bytes, features: dict[str, FeatureSpec]) -> bytes:
     """A record dict as the writer encodes it; bytes are written as they are."""
     if isinstance(record, bytes):
         return record
-    tokens = {
-        name: record[token_ids_key(name)]
-        for name, spec in features.items()
-        if spec.type == "text" and token_ids_key(name) in record
-    }
-    return encode_example(record, features, token_ids=tokens)
+    return encode_example(record, features)
 
 
 def write_dataset(
@@ -250,9 +244,8 @@ def test_example_with_wrong_shape_names_feature_shard_and_record(tmp_path):
     assert "records 3, 7" in problem.message
 
 
-def test_wrong_kind_bad_token_and_wrong_image_are_errors(tmp_path):
+def test_wrong_kind_and_wrong_image_are_errors(tmp_path):
     records = make_records(6, seed=3)
-    records[0][token_ids_key("text")] = [1, 50]  # vocab_size is 50
     records[1]["image"] = png(height=5)
     records[2]["image"] = b"not a png"
     int_features = {**FEATURES, "x": FeatureSpec(name="x", type="numeric", dtype="int64")}
@@ -260,9 +253,8 @@ def test_wrong_kind_bad_token_and_wrong_image_are_errors(tmp_path):
     write_dataset(tmp_path / "ds", {"train": [records]})
 
     messages = [p.message for p in verify_dataset(tmp_path / "ds") if p.check == "example.feature"]
-    assert len(messages) == 4
+    assert len(messages) == 3
     joined = "\n".join(messages)
-    assert "'text/token_ids': token id outside [0, 50) (record 0)" in joined
     assert "'image': expected a 4x3x1 image, found 5x3x1 (record 1)" in joined
     assert "'image': image does not decode" in joined
     assert "'x': expected float_list, found int64_list (record 4)" in joined
@@ -330,14 +322,14 @@ def test_manifest_level_inconsistencies(tmp_path):
     manifest = clean_dataset(tmp_path / "ds")
     manifest.labels.append("nope")
     manifest.features["text"] = FeatureSpec(
-        name="text", type="text", vocab_size=50, vocabulary_file="vocab/text.txt"
+        name="text", type="text", vocab_size=50, tokenizer_file="tokenizers/text.model"
     )
     manifest.statistics["train"]["num_records"] = 1
     write_manifest(tmp_path / "ds", manifest)
 
     problems = verify_dataset(tmp_path / "ds")
     assert "'nope'" in only(problems, "manifest.labels").message
-    assert "vocab/text.txt" in only(problems, "vocabulary").message
+    assert "tokenizers/text.model is missing" in only(problems, "tokenizer").message
     assert (
         "statistics count 1 records but the shards hold 80" in only(problems, "statistics").message
     )
