@@ -97,32 +97,43 @@ class FeaturePreprocessor(tf.Module):
 
     @classmethod
     def from_manifest(
-        cls, manifest: Manifest, features: Mapping[str, FeatureSpec]
+        cls,
+        manifest: Manifest,
+        features: Mapping[str, FeatureSpec],
+        *,
+        dataset_dir: str | Path,
+        sequence_lengths: Mapping[str, int | None] | None = None,
     ) -> FeaturePreprocessor:
+        context = DatasetContext(manifest, Path(dataset_dir), dict(sequence_lengths or {}))
         layers, specs = {}, {}
         for name, feature in features.items():
             build = _BUILDERS.get(feature.type)
             if build is None:
                 raise ValueError(f"feature {name!r}: unknown type {feature.type!r}")
-            layers[name] = build(feature, manifest)
+            layers[name] = build(feature, context)
             specs[name] = raw_spec(feature)
         return cls(layers, specs)
+
+    @classmethod
+    def for_inputs(
+        cls,
+        manifest: Manifest,
+        names: Iterable[str],
+        *,
+        dataset_dir: str | Path,
+        sequence_lengths: Mapping[str, int | None] | None = None,
+    ) -> FeaturePreprocessor:
+        """The preprocessing of the model inputs ``names`` that are dataset features (a
+        model input the dataset does not describe is passed through as it is)."""
+        features = {name: manifest.features[name] for name in names if name in manifest.features}
+        return cls.from_manifest(
+            manifest, features, dataset_dir=dataset_dir, sequence_lengths=sequence_lengths
+        )
 
     @property
     def raw_specs(self) -> dict[str, tf.TensorSpec]:
         """Feature name -> the batched raw tensor a client sends."""
         return dict(self._specs)
-
-    @classmethod
-    def for_inputs(cls, manifest: Manifest, names: Iterable[str]) -> FeaturePreprocessor:
-        """The preprocessing of the model inputs ``names`` that are dataset features (a
-        model input the dataset does not describe is passed through as it is)."""
-        features = {
-            name: manifest.features[name]
-            for name in names
-            if name in manifest.features and manifest.features[name].type in _BUILDERS
-        }
-        return cls.from_manifest(manifest, features)
 
     def __call__(self, raw: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         missing = sorted(set(self.layers) - set(raw))

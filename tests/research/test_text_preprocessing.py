@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -148,8 +149,9 @@ def test_training_ids_equal_the_ids_a_reloaded_saved_model_computes(
     serve = served.signatures["serving_default"]
     compared = 0
     for split in manifest.splits:
-        for batch in make_dataset(root, split, batch_size=64, shuffle=False):
-            ids = batch["id"].numpy().tolist()
+        read = partial(make_dataset, root, split, batch_size=64, shuffle=False)
+        for raw, batch in zip(read(raw=True), read(), strict=True):
+            ids = [int(i) for i in raw["id"].numpy()]  # the model sees it standardized
             texts = tf.constant([stored[i] for i in ids])
             np.testing.assert_array_equal(batch["text"].numpy(), serve(texts=texts)["ids"].numpy())
             compared += len(ids)
@@ -173,10 +175,11 @@ def test_end_to_end_the_pipeline_yields_the_models_ids(small_dataset: Path) -> N
         for example in read_examples(small_dataset, "train")["train"]
     }
     seen = 0
-    for batch in make_dataset(small_dataset, "train", batch_size=16, sequence_length=12):
+    read = partial(make_dataset, small_dataset, "train", batch_size=16, sequence_length=12)
+    for raw, batch in zip(read(raw=True), read(), strict=True):
         assert batch["text"].dtype == tf.int32 and batch["text"].shape[1] == 12
-        for record_id, row in zip(batch["id"].numpy(), batch["text"].numpy(), strict=True):
-            ids = pieces.encode(by_id[record_id])[:12]
+        for record_id, row in zip(raw["id"].numpy(), batch["text"].numpy(), strict=True):
+            ids = pieces.encode(by_id[int(record_id)])[:12]
             assert row.tolist() == ids + [PAD_ID] * (12 - len(ids))
             seen += 1
     assert seen == len(by_id)
