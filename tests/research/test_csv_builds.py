@@ -133,4 +133,4 @@ def test_slipway_train_and_export_on_the_renamed_features(iris: Path) -> None:
         "sepal_length_cm",
         "sepal_width_cm",
     ]
-    assert list(model["signature"]["outputs"]) == ["species"]
+    assert list(model["signature"]["outputs"]) == ["species", "species_classes"]

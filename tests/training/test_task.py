@@ -44,7 +44,7 @@ def test_a_model_fn_replaces_the_model_section_and_trains_like_the_zoo(tmp_path,
     manifest = json.loads((directory / "slipway.json").read_text())
     assert version == 1 and directory == tmp_path / "models" / "mlp" / "1"
     assert list(manifest["signature"]["inputs"]) == ["pixels"]
-    assert list(manifest["signature"]["outputs"]) == ["label"]
+    assert list(manifest["signature"]["outputs"]) == ["label", "label_classes"]
     assert manifest["provenance"]["model_fn"] == f"{__name__}:sequential"
 
 
