@@ -241,7 +241,10 @@ class VocabSpec(StrictModel):
     )
     model_type: Literal["unigram", "bpe"] = Field(
         default="unigram",
-        description="sentencepiece algorithm; unigram models also run in TFLite's fast kernel",
+        description=(
+            "sentencepiece algorithm; the graph's fast kernel (TFLite's too) segments unigram "
+            "models exactly as sentencepiece, BPE ones on a few texts differently"
+        ),
     )
     character_coverage: float = Field(
         default=0.9995,

@@ -28,21 +28,21 @@ from contracts.features import FeatureSpec
 
 PAD_ID = 0
 
-# sentencepiece's ModelProto: field 2 is the TrainerSpec, whose field 3 is the model type.
+# sentencepiece's ModelProto: field 2 is the TrainerSpec.
 _TRAINER_SPEC_FIELD = 2
-_MODEL_TYPE_FIELD = 3
-_UNIGRAM = 1
 
 
 class SubwordTokenizer(keras.layers.Layer):
     """Strings ``[batch]`` (or ``[batch, 1]``) -> ``int32`` ids ``[batch, sequence_length]``.
 
     Ids are padded with ``PAD_ID`` and truncated to ``sequence_length``; with ``None``
-    each batch is padded to its longest text. A unigram model runs on tensorflow_text's
-    ``FastSentencepieceTokenizer``, which TFLite also runs; a BPE model on
-    ``SentencepieceTokenizer``, because the fast kernel's BPE segmentation differs
-    from sentencepiece's on some texts (18 of 505 varied strings when measured), and
-    the ids must be exactly those the model was learned with.
+    each batch is padded to its longest text. Every model runs on tensorflow_text's
+    ``FastSentencepieceTokenizer``: its model is a constant of the graph, so the layer
+    holds no resource that a tf.data pipeline, a second trainer in the same process or
+    ``clear_session`` could lose, and TFLite runs it too. It segments a unigram model
+    exactly as sentencepiece does; for a BPE model its segmentation differs from the
+    sentencepiece library's on a few texts (18 of 505 varied strings when measured).
+    Training and serving run this same layer, so they always agree with each other.
     """
 
     def __init__(self, model: bytes, sequence_length: int | None = None, **kwargs: Any) -> None:
@@ -51,10 +51,7 @@ class SubwordTokenizer(keras.layers.Layer):
             raise ValueError(f"sequence_length must be >= 1, got {sequence_length}")
         self.model = bytes(model)
         self.sequence_length = sequence_length
-        if is_unigram(self.model):
-            self._tokenizer: Any = tf_text.FastSentencepieceTokenizer(self.model)
-        else:
-            self._tokenizer = tf_text.SentencepieceTokenizer(self.model, out_type=tf.int32)
+        self._tokenizer = tf_text.FastSentencepieceTokenizer(self.model)
 
     def call(self, texts: Any) -> tf.Tensor:
         texts = tf.convert_to_tensor(texts, dtype=tf.string)
@@ -75,18 +72,15 @@ class SubwordTokenizer(keras.layers.Layer):
         return cls(**config)
 
 
-def is_unigram(model: bytes) -> bool:
-    """Whether a serialized sentencepiece model is a unigram model.
+def check_sentencepiece_model(model: bytes) -> None:
+    """Refuse bytes that are not a serialized sentencepiece model (``ValueError``), before
+    a tokenizer kernel meets them.
 
     Read from the protobuf wire format directly: sentencepiece's generated Python module
-    needs a newer protobuf runtime than TensorFlow allows. Raises ``ValueError`` when
-    ``model`` is not a readable protobuf.
+    needs a newer protobuf runtime than TensorFlow allows.
     """
-    trainer_spec = _field(model, _TRAINER_SPEC_FIELD)
-    if not isinstance(trainer_spec, bytes):
+    if not isinstance(_field(model, _TRAINER_SPEC_FIELD), bytes):
         raise ValueError("not a sentencepiece model: it has no trainer spec")
-    model_type = _field(trainer_spec, _MODEL_TYPE_FIELD)
-    return model_type is None or model_type == _UNIGRAM  # unset: the proto's default
 
 
 def _varint(data: bytes, position: int) -> tuple[int, int]:
@@ -143,7 +137,7 @@ def read_tokenizer_model(dataset_dir: str | Path, feature: FeatureSpec) -> bytes
         )
     model = path.read_bytes()
     try:
-        is_unigram(model)
+        check_sentencepiece_model(model)
     except ValueError as exc:
         raise DatasetError(f"{path}: tokenizer of text feature {feature.name!r}: {exc}") from None
     return model
