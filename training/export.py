@@ -91,18 +91,6 @@ def _describe(spec: Any) -> dict[str, Any]:
     return {"dtype": tf.as_dtype(spec.dtype).name, "shape": dims}
 
 
-def _serving_specs(
-    inputs: Mapping[str, Any], preprocessor: FeaturePreprocessor | None
-) -> list[tf.TensorSpec]:
-    """The signature's inputs: raw features where preprocessing reads them, else the
-    model's own inputs, each with a free batch dimension."""
-    raw = preprocessor.raw_specs if preprocessor is not None else {}
-    return [
-        raw.get(name) or tf.TensorSpec([None, *tensor.shape[1:]], tensor.dtype, name=name)
-        for name, tensor in inputs.items()
-    ]
-
-
 CLASSES_SUFFIX = "_classes"
 
 
@@ -127,39 +115,31 @@ def _with_class_names(
     return named
 
 
-def save_serving_model(
-    model: keras.Model,
-    directory: str | Path,
-    preprocessor: FeaturePreprocessor | None = None,
-    class_names: Mapping[str, Sequence[str]] | None = None,
-) -> dict[str, Any]:
-    """Save ``model`` as a SavedModel whose ``serving_default`` uses the model's names.
+# The signature that takes images as float arrays in [0, 1] rather than encoded files.
+IMAGE_ARRAYS_SIGNATURE = "serving_image_arrays"
 
-    Inputs are keyed by the model's input names with a free batch dimension, outputs by
-    its output names (a Keras default signature would call them ``output_0``…). With
-    ``preprocessor`` the signature takes the raw features it reads (category and text
-    strings, encoded images, unscaled numbers) and runs it before the model, so clients
-    send what they have. ``class_names`` (head -> its classes, in score order) adds an
-    output ``<head>_classes`` with the names beside each classification head's scores,
-    so an answer says what it means by itself. Saved via ``Model.save`` (which calls ``tf.saved_model.save``)
-    without the optimizer: serving needs no slot variables, and the Keras metadata lets
-    compression reload the model. The signature is read back from disk and returned as
-    ``slipway.json`` describes it.
-    """
-    if model.inputs is None:
-        raise ExportError("the model has no defined inputs; build it from keras.Input")
-    poisoned = nonfinite_variables(model.weights)
-    if poisoned:
-        raise NonFiniteWeightsError(
-            f"not exported: weights hold NaN or infinity ({', '.join(poisoned[:5])}"
-            f"{', ...' if len(poisoned) > 5 else ''})"
-        )
+
+def _serving_function(
+    model: keras.Model,
+    preprocessor: FeaturePreprocessor | None,
+    class_names: Mapping[str, Sequence[str]],
+    *,
+    as_given: Sequence[str] = (),
+) -> Any:
+    """A signature function: the model's inputs by name, raw where ``preprocessor``
+    reads them (except the inputs ``as_given``, which take the model's own tensors),
+    and the model's outputs plus their class names."""
     inputs = _named_inputs(model)
     names = list(inputs)
-    specs = _serving_specs(inputs, preprocessor)
-    class_names = _checked_class_names(model, class_names or {})
+    raw = preprocessor.raw_specs if preprocessor is not None else {}
+    preprocessed = [name for name in names if name in raw and name not in as_given]
+    specs = [
+        raw[name]
+        if name in preprocessed
+        else tf.TensorSpec([None, *tensor.shape[1:]], tensor.dtype, name=name)
+        for name, tensor in inputs.items()
+    ]
     structure = model.input
-    preprocessed = [name for name in names if preprocessor and name in preprocessor.layers]
 
     @tf.autograph.experimental.do_not_convert
     def serve(*tensors: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -175,15 +155,49 @@ def save_serving_model(
 
     # The tf.function itself (not a concrete function) is what SavedModel can re-trace when
     # the model's variables are distributed (a multi-worker run).
-    function = tf.function(serve, input_signature=specs)
+    return tf.function(serve, input_signature=specs)
+
+
+def save_serving_model(
+    model: keras.Model,
+    directory: str | Path,
+    preprocessor: FeaturePreprocessor | None = None,
+    class_names: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, Any]:
+    """Save ``model`` as a SavedModel whose ``serving_default`` uses the model's names.
+
+    Inputs are keyed by the model's input names with a free batch dimension, outputs by
+    its output names (a Keras default signature would call them ``output_0``…). With
+    ``preprocessor`` the signature takes the raw features it reads (category and text
+    strings, encoded images, unscaled numbers) and runs it before the model, so clients
+    send what they have; a model with images also gets ``IMAGE_ARRAYS_SIGNATURE``, for
+    clients that hold pixels rather than files. ``class_names`` (head -> its classes, in
+    score order) adds an output ``<head>_classes`` beside each classification head's
+    scores, so an answer says what it means by itself. Saved via ``Model.save`` (which
+    calls ``tf.saved_model.save``) without the optimizer: serving needs no slot
+    variables, and the Keras metadata lets compression reload the model. The signature
+    is read back from disk and returned as ``slipway.json`` describes it.
+    """
+    if model.inputs is None:
+        raise ExportError("the model has no defined inputs; build it from keras.Input")
+    poisoned = nonfinite_variables(model.weights)
+    if poisoned:
+        raise NonFiniteWeightsError(
+            f"not exported: weights hold NaN or infinity ({', '.join(poisoned[:5])}"
+            f"{', ...' if len(poisoned) > 5 else ''})"
+        )
+    names = list(_named_inputs(model))
+    class_names = _checked_class_names(model, class_names or {})
+    function = _serving_function(model, preprocessor, class_names)
+    signatures = {SIGNATURE_KEY: function}
+    images = [name for name in names if preprocessor and name in preprocessor.image_inputs]
+    if images:
+        signatures[IMAGE_ARRAYS_SIGNATURE] = _serving_function(
+            model, preprocessor, class_names, as_given=images
+        )
     output_names = list(function.get_concrete_function().structured_outputs)
     with _tracked(model, preprocessor):
-        model.save(
-            str(directory),
-            save_format="tf",
-            include_optimizer=False,
-            signatures={SIGNATURE_KEY: function},
-        )
+        model.save(str(directory), save_format="tf", include_optimizer=False, signatures=signatures)
     signature = tf.saved_model.load(str(directory)).signatures[SIGNATURE_KEY]
     loaded_inputs = signature.structured_input_signature[1]
     loaded_outputs = signature.structured_outputs

@@ -24,7 +24,7 @@ import tf_keras as keras
 from contracts.dataset_manifest import Manifest
 from contracts.features import FeatureSpec
 from research.preprocessing.categorical import category_lookup
-from research.preprocessing.image import image_decoder
+from research.preprocessing.image import ImageDecoder, image_decoder
 from research.preprocessing.numeric import standardizer
 from research.preprocessing.text import tokenizer_for
 
@@ -131,12 +131,19 @@ class FeaturePreprocessor(tf.Module):
         )
 
     @property
+    def image_inputs(self) -> list[str]:
+        """The features it decodes from image files."""
+        return [name for name, layer in self.layers.items() if isinstance(layer, ImageDecoder)]
+
+    @property
     def raw_specs(self) -> dict[str, tf.TensorSpec]:
         """Feature name -> the batched raw tensor a client sends."""
         return dict(self._specs)
 
     def __call__(self, raw: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        missing = sorted(set(self.layers) - set(raw))
-        if missing:
-            raise ValueError(f"raw features missing: {missing}")
-        return {name: layer(raw[name]) for name, layer in self.layers.items()}
+        """The preprocessed form of each raw feature given (a caller may send some of
+        them as they are, an image's pixels for one)."""
+        unknown = sorted(set(raw) - set(self.layers))
+        if unknown:
+            raise ValueError(f"no preprocessing for {unknown}; it has {sorted(self.layers)}")
+        return {name: self.layers[name](value) for name, value in raw.items()}

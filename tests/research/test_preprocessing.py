@@ -20,7 +20,7 @@ from research.preprocessing.image import ImageDecoder
 from research.preprocessing.numeric import standardizer
 from research.preprocessing.preprocessor import FeaturePreprocessor, statistics_split
 from tests.research.test_input_pipeline import png, write_dataset
-from training.export import ExportError, save_serving_model
+from training.export import IMAGE_ARRAYS_SIGNATURE, ExportError, save_serving_model
 
 
 def encoded(array: np.ndarray, format: str) -> bytes:
@@ -205,6 +205,23 @@ def test_served_raw_features_predict_as_the_training_pipeline_feeds(
     answer = signature(**raw)
     np.testing.assert_allclose(answer["label"].numpy(), expected, rtol=1e-6, atol=1e-7)
     assert answer["label_classes"].numpy().tolist() == [[b"no", b"yes"]] * 40
+
+
+def test_images_may_come_as_float_arrays_through_their_own_signature(
+    dataset: Path, served: tuple
+) -> None:
+    """Clients holding pixels rather than files call ``serving_image_arrays``: the image
+    goes to the model as given, every other feature is still preprocessed."""
+    model, directory, _ = served
+    loaded = tf.saved_model.load(str(directory))
+    assert set(loaded.signatures) == {"serving_default", IMAGE_ARRAYS_SIGNATURE}
+    arrays = loaded.signatures[IMAGE_ARRAYS_SIGNATURE]
+    read = dict(batch_size=40, shuffle=False)
+    (raw, _), *_ = make_dataset(dataset, "train", raw=True, **read)
+    (features, _), *_ = make_dataset(dataset, "train", **read)
+    answer = arrays(**{**raw, "img": features["img"]})
+    expected = model(features, training=False)["label"].numpy()
+    np.testing.assert_allclose(answer["label"].numpy(), expected, rtol=1e-6, atol=1e-7)
 
 
 def test_class_names_that_do_not_fit_the_scores_are_refused(dataset: Path, tmp_path: Path) -> None:
