@@ -105,10 +105,9 @@ def publish_compressed(
     tflite_signature = TFLiteRunner(compressed.tflite).signature()
     labels = source.loaded.manifest.get("labels", {})
     # The version is served as its source is: raw where the source preprocesses in graph.
-    raw_inputs = (source.loaded.manifest.get("preprocessing") or {}).get("inputs", [])
     preprocessor = FeaturePreprocessor.for_inputs(
         data_manifest,
-        raw_inputs,
+        source.loaded.raw_inputs,
         dataset_dir=dataset_dir,
         sequence_lengths=token_lengths(source.loaded.model),
     )

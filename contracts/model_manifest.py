@@ -44,6 +44,10 @@ TFLITE_FILE = "model.tflite"
 # A SavedModel beside a model that cannot run the preprocessing itself (a TFLite core):
 # its serving_default turns the raw features clients send into the model's inputs.
 PREPROCESSING_DIR = "preprocessing"
+# The output beside a classification head's scores that holds its class names:
+# ``<head><CLASSES_SUFFIX>``, as TF Serving's classify signatures put ``classes`` beside
+# ``scores``.
+CLASSES_SUFFIX = "_classes"
 _MAX_MANIFEST_BYTES = 16 << 20
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _ORDER = (

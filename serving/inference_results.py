@@ -16,12 +16,11 @@ from typing import Any
 import numpy as np
 from tensorflow_serving.apis import classification_pb2, regression_pb2
 
+from contracts.model_manifest import CLASSES_SUFFIX
 from serving.errors import FailedPrecondition
 
 # Output names TF Serving's classify / regress signatures use.
 SCORES_OUTPUT, CLASSES_OUTPUT, REGRESS_OUTPUT = "scores", "classes", "outputs"
-# The class names Slipway's export puts beside a classification head's scores.
-CLASSES_SUFFIX = "_classes"
 
 
 def _manifest_classes(manifest: Mapping[str, Any] | None, output: str) -> list[str] | None:

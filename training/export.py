@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
-from contracts.model_manifest import SIGNATURE_KEY
+from contracts.model_manifest import CLASSES_SUFFIX, SIGNATURE_KEY
 from research.preprocessing.preprocessor import FeaturePreprocessor
 
 
@@ -89,9 +89,6 @@ def _describe(spec: Any) -> dict[str, Any]:
     shape = tf.TensorShape(spec.shape)
     dims = None if shape.rank is None else [-1 if d is None else d for d in shape.as_list()]
     return {"dtype": tf.as_dtype(spec.dtype).name, "shape": dims}
-
-
-CLASSES_SUFFIX = "_classes"
 
 
 def class_names_output(head: str) -> str:
