@@ -257,6 +257,14 @@ class VocabSpec(StrictModel):
         ge=1,
         description="texts the model is learned from at most: a sample fixed by their content",
     )
+    input_characters: int = Field(
+        default=10_000_000,
+        ge=1,
+        description=(
+            "characters of that sample at most; learning takes about 20 bytes of memory "
+            "per character (unigram), so this bounds the build's largest task"
+        ),
+    )
 
 
 class OutputSpec(StrictModel):

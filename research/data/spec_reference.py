@@ -62,6 +62,7 @@ EXAMPLES: dict[str, Any] = {
     "split.key": "user_id",
     "vocab.character_coverage": 1.0,
     "vocab.input_sentence_size": 200_000,
+    "vocab.input_characters": 50_000_000,
 }
 
 

@@ -6,10 +6,13 @@ the same ops. What the build does here:
 
 - ``LearnTokenizers``: the texts of each field in the training split (after cleaning,
   de-duplication and the split, so no validation or test text shapes the vocabulary)
-  are sampled down to ``vocab.input_sentence_size`` by the SHA-256 of their content, a
-  sample every runner and every run draws alike, and one worker trains the model on
-  them, in that order, on one thread with a fixed seed, so the same data always gives
-  the same model bytes.
+  are sampled by the SHA-256 of their content, a sample every runner and every run
+  draws alike, down to ``vocab.input_sentence_size`` texts and
+  ``vocab.input_characters`` characters; one worker trains the model on them, in that
+  order, on one thread with a fixed seed, so the same data always gives the same model
+  bytes. The character budget is what bounds that worker's memory: sentencepiece's
+  unigram trainer takes about 20 bytes per input character (a million 200-character
+  texts would need 4 GiB), whatever the number of texts.
 - ``CountTokens``: every record gets its token count per field under the bookkeeping
   key ``TOKEN_COUNTS``, for the token statistics the manifest reports; the ids
   themselves are not stored.
@@ -84,6 +87,72 @@ def _sample_key(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8")).digest()
 
 
+class _Sample:
+    """A part of a content sample: (content hash, text) pairs, their characters, and the
+    hash of the first text of the part that did not fit (``None``: none was left out)."""
+
+    __slots__ = ("characters", "cut", "items")
+
+    def __init__(self, items: list[tuple[bytes, str]], cut: bytes | None = None) -> None:
+        self.items = items
+        self.cut = cut
+        self.characters = sum(len(text) for _, text in items)
+
+
+class ContentSample(beam.CombineFn):
+    """The texts with the smallest content hashes, in hash order: the longest such run
+    that stays within ``max_texts`` texts and ``max_characters`` characters, and at least
+    the first text, however long.
+
+    Any part of the input keeps the run of its own texts that fits and where it cut
+    that run. The whole input's run, restricted to a part, is a run of the part's texts
+    within the same budget, so it is kept; below the smallest cut of the parts merged,
+    every text is kept, and past it the whole run cannot reach. So merging trimmed parts
+    loses nothing, and any bundling gives one sample. A part is trimmed whenever it holds
+    twice its budget, so it never holds more.
+    """
+
+    def __init__(self, max_texts: int, max_characters: int) -> None:
+        self._max_texts = max_texts
+        self._max_characters = max_characters
+
+    def create_accumulator(self) -> _Sample:
+        return _Sample([])
+
+    def add_input(self, sample: _Sample, text: str) -> _Sample:
+        key = _sample_key(text)
+        if sample.cut is not None and key >= sample.cut:
+            return sample
+        sample.items.append((key, text))
+        sample.characters += len(text)
+        if len(sample.items) > 2 * self._max_texts or sample.characters > 2 * self._max_characters:
+            return self._trim(sample.items, sample.cut)
+        return sample
+
+    def merge_accumulators(self, samples: Iterable[_Sample]) -> _Sample:
+        samples = list(samples)
+        cuts = [sample.cut for sample in samples if sample.cut is not None]
+        items = [item for sample in samples for item in sample.items]
+        return self._trim(items, min(cuts, default=None))
+
+    def compact(self, sample: _Sample) -> _Sample:
+        return self._trim(sample.items, sample.cut)
+
+    def extract_output(self, sample: _Sample) -> list[str]:
+        return [text for _, text in self._trim(sample.items, sample.cut).items]
+
+    def _trim(self, items: list[tuple[bytes, str]], cut: bytes | None) -> _Sample:
+        items.sort()
+        if cut is not None:
+            items = [item for item in items if item[0] < cut]
+        characters = 0
+        for index, (key, text) in enumerate(items):
+            characters += len(text)
+            if index == self._max_texts or (characters > self._max_characters and index):
+                return _Sample(items[:index], key)
+        return _Sample(items, cut)
+
+
 class LearnTokenizers(beam.PTransform):
     """Training records -> one ``(field, model bytes)`` per text field that has training
     text, for ``AsDict``.
@@ -101,7 +170,9 @@ class LearnTokenizers(beam.PTransform):
             records
             | f"Texts[{field}]" >> beam.FlatMap(_texts, field=field)
             | f"Sample[{field}]"
-            >> beam.combiners.Top.Of(self._spec.input_sentence_size, key=_sample_key, reverse=True)
+            >> beam.CombineGlobally(
+                ContentSample(self._spec.input_sentence_size, self._spec.input_characters)
+            )
             | f"Learn[{field}]" >> beam.FlatMap(_learn, spec=self._spec, field=field)
             for field in self._fields
         ]

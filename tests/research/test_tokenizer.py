@@ -174,3 +174,36 @@ def test_a_build_whose_training_split_has_no_text_is_refused_naming_the_field(
     with pytest.raises(BuildRejectedError, match="'text': the training split holds no text"):
         build_dataset(load_spec(spec), tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def _sample_in_parts(texts: list[str], parts: int, max_texts: int, max_characters: int) -> list[str]:
+    from research.data.tokenizer import ContentSample
+
+    combine = ContentSample(max_texts, max_characters)
+    accumulators = []
+    for part in range(parts):
+        accumulator = combine.create_accumulator()
+        for text in texts[part::parts]:
+            accumulator = combine.add_input(accumulator, text)
+        accumulators.append(combine.compact(accumulator))
+    return combine.extract_output(combine.merge_accumulators(accumulators))
+
+
+@pytest.mark.parametrize(("max_texts", "max_characters"), [(10**6, 5_000), (40, 10**9), (40, 900)])
+def test_the_sample_is_the_same_however_the_input_is_cut_and_keeps_to_its_budget(
+    max_texts: int, max_characters: int
+) -> None:
+    texts = [f"{sentence(i)} {i} " * (1 + i % 7) for i in range(1000)]
+    whole = _sample_in_parts(texts, 1, max_texts, max_characters)
+    for parts in (2, 3, 17):
+        assert _sample_in_parts(texts, parts, max_texts, max_characters) == whole
+    ordered = sorted(texts, key=lambda text: hashlib.sha256(text.encode()).digest())
+    assert whole == ordered[: len(whole)]
+    assert len(whole) <= max_texts
+    assert sum(map(len, whole)) <= max_characters
+    assert len(whole) == max_texts or sum(map(len, ordered[: len(whole) + 1])) > max_characters
+
+
+def test_a_text_longer_than_the_character_budget_is_still_learned_from() -> None:
+    texts = ["x" * 100, "y" * 200]
+    assert len(_sample_in_parts(texts, 2, 10, 50)) == 1
