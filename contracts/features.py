@@ -126,16 +126,23 @@ def encode_example(record: Mapping[str, Any], features: Mapping[str, FeatureSpec
     return serialize_example(encoded)
 
 
-def parsing_spec(features: Mapping[str, FeatureSpec]) -> dict[str, Any]:
-    """The ``tf.io.parse_example`` spec that reads what ``encode_example`` wrote."""
+def parsing_spec(
+    features: Mapping[str, FeatureSpec], missing: Mapping[str, float] | None = None
+) -> dict[str, Any]:
+    """The ``tf.io.parse_example`` spec that reads what ``encode_example`` wrote.
+
+    ``missing``: what a numeric feature absent from an Example reads as, by name (0
+    otherwise); an int64 feature reads the nearest integer.
+    """
     import tensorflow as tf
 
     spec: dict[str, Any] = {}
     for name, feature in features.items():
         if feature.type == "numeric":
             dtype = tf.int64 if feature.dtype == "int64" else tf.float32
-            zero = 0 if dtype == tf.int64 else 0.0
-            default = [zero] * feature.num_values if feature.shape else zero
+            fill = (missing or {}).get(name, 0.0)
+            value = round(fill) if dtype == tf.int64 else float(fill)
+            default = [value] * feature.num_values if feature.shape else value
             spec[name] = tf.io.FixedLenFeature(list(feature.shape), dtype, default_value=default)
         elif feature.type in ("categorical", "image", "text"):
             spec[name] = tf.io.FixedLenFeature([], tf.string, default_value="")

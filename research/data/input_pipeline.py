@@ -8,7 +8,9 @@ Input features go through the manifest's in-graph preprocessing
 clients send:
 
 - numeric -> ``float32`` of the feature's shape, standardized with the training split's
-  mean and standard deviation;
+  mean and standard deviation; a value missing from a record reads as that mean (0
+  once standardized: no evidence either way), not as 0 before standardizing, which
+  would be a made-up measurement many deviations from typical;
 - categorical -> ``int64`` ids from the manifest vocabulary starting at 1; values the
   vocabulary lacks (and missing ones) -> 0;
 - text -> ``int32`` token ids under the feature's own name, padded with ``PAD_ID`` and
@@ -48,7 +50,7 @@ import tensorflow as tf
 from contracts.dataset_manifest import DatasetError, Manifest, load_manifest
 from contracts.digests import file_sha256
 from contracts.features import FeatureSpec, parsing_spec
-from research.preprocessing.preprocessor import FeaturePreprocessor
+from research.preprocessing.preprocessor import FeaturePreprocessor, feature_statistics
 from research.preprocessing.text import PAD_ID, SubwordTokenizer, tokenizer_for
 
 UNK_ID = 1
@@ -224,6 +226,16 @@ def describe_inputs(dataset_dir: str | Path, sequence_length: int | None = None)
     return described
 
 
+def training_means(manifest: Manifest, features: Mapping[str, FeatureSpec]) -> dict[str, float]:
+    """Each numeric feature's mean over the training split, which a missing value reads as."""
+    means = {}
+    for name, spec in features.items():
+        mean = feature_statistics(manifest, name).get("mean")
+        if spec.type == "numeric" and mean is not None:
+            means[name] = float(mean)
+    return means
+
+
 def _label_table(spec: FeatureSpec) -> tf.lookup.StaticHashTable | None:
     if not spec.vocabulary:
         return None
@@ -292,6 +304,7 @@ class _BatchDecoder:
         seed: tf.Tensor,
         augment: ImageAugmentation | None,
         token_dropout: float,
+        missing: Mapping[str, float],
     ) -> None:
         self._preprocessor = preprocessor
         self._inputs = dict(inputs)
@@ -305,7 +318,7 @@ class _BatchDecoder:
             if spec.type == "categorical"
         }
         self._label_tokenizers = dict(label_tokenizers)
-        self._parsing_spec = parsing_spec({**self._inputs, **self._labels})
+        self._parsing_spec = parsing_spec({**self._inputs, **self._labels}, missing)
 
     def __call__(self, index: tf.Tensor, serialized: tf.Tensor) -> Any:
         parsed = tf.io.parse_example(serialized, self._parsing_spec)
@@ -537,7 +550,14 @@ def make_dataset(
             manifest, inputs, dataset_dir=dataset_dir, sequence_lengths=lengths
         )
     decoder = _BatchDecoder(
-        preprocessor, inputs, labels, label_tokenizers, base_seed, augment, token_dropout
+        preprocessor,
+        inputs,
+        labels,
+        label_tokenizers,
+        base_seed,
+        augment,
+        token_dropout,
+        training_means(manifest, inputs),
     )
     elements = batches.map(
         decoder, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic

@@ -20,7 +20,9 @@ from contracts.features import FeatureSpec
 
 @keras.utils.register_keras_serializable(package="slipway")
 class Standardize(keras.layers.Layer):
-    """``(x - mean) / std`` in float32, keeping the input's shape.
+    """``(x - mean) / std`` in float32, keeping the input's shape; NaN, a value the
+    client does not have, reads as the mean (0), as a cell missing from a training
+    record does (``research.data.input_pipeline``), rather than poisoning the output.
 
     Keras' ``Normalization`` with one mean for the whole feature adds an axis to a
     batch of scalars; a feature here may be a scalar or a vector, and its shape must
@@ -33,7 +35,10 @@ class Standardize(keras.layers.Layer):
         self.std = float(std)
 
     def call(self, inputs: tf.Tensor) -> tf.Tensor:
-        return (tf.cast(inputs, tf.float32) - self.mean) * (1.0 / self.std)
+        values = tf.cast(inputs, tf.float32)
+        standardized = (values - self.mean) * (1.0 / self.std)
+        # ``x == x`` is false only for NaN, and unlike ``is_nan`` TFLite has it built in.
+        return tf.where(tf.equal(values, values), standardized, tf.zeros_like(standardized))
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "mean": self.mean, "std": self.std}

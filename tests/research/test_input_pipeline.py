@@ -210,6 +210,24 @@ def test_every_feature_type_round_trips(every_type: Path) -> None:
     assert label.numpy().tolist() == [1, 0, 2, 0]
 
 
+def test_a_missing_number_reads_as_the_training_mean(tmp_path: Path) -> None:
+    features = [FeatureSpec("x", "numeric"), FeatureSpec("n", "numeric", dtype="int64"),
+                FeatureSpec("v", "numeric", shape=(2,))]  # fmt: skip
+    records = [{"x": 4.0, "n": 3, "v": [1.0, 2.0]}, {}]
+    stats = {"train": {"features": {"x": {"mean": 2.5, "std": 0.5},
+                                    "n": {"mean": 6.6, "std": 2.0},
+                                    "v": {"mean": -1.0, "std": 4.0}}}}  # fmt: skip
+    write_dataset(tmp_path, features, {"train": [records]}, statistics=stats)
+    batch = next(iter(make_dataset(tmp_path, "train", batch_size=2, shuffle=False)))
+    # standardized: a present value as usual, a missing one at the mean (int64: nearest)
+    np.testing.assert_allclose(batch["x"].numpy(), [3.0, 0.0])
+    np.testing.assert_allclose(batch["n"].numpy(), [-1.8, 0.2], rtol=1e-6)
+    np.testing.assert_allclose(batch["v"].numpy(), [[0.5, 0.75], [0.0, 0.0]])
+    raw = next(iter(make_dataset(tmp_path, "train", batch_size=2, shuffle=False, raw=True)))
+    np.testing.assert_allclose(raw["x"].numpy(), [4.0, 2.5])
+    np.testing.assert_allclose(raw["n"].numpy(), [3.0, 7.0])
+
+
 def test_sequence_length_defaults_to_longest_in_statistics(every_type: Path) -> None:
     (features, _), *_ = make_dataset(every_type, "train", batch_size=8, shuffle=False)
     assert features["body"].shape == (4, 6)

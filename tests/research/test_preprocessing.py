@@ -41,6 +41,12 @@ def test_standardizer_uses_the_statistics_and_keeps_the_shape() -> None:
     assert scalars(tf.constant([1.0, 2.0, 3.0])).shape == (3,)
 
 
+def test_nan_standardizes_to_the_mean_as_a_missing_training_value_does() -> None:
+    layer = standardizer(FeatureSpec("x", "numeric", shape=(2,)), {"mean": 10.0, "std": 4.0})
+    values = layer(tf.constant([[float("nan"), 18.0], [2.0, float("nan")]])).numpy()
+    np.testing.assert_allclose(values, [[0.0, 2.0], [-2.0, 0.0]])
+
+
 @pytest.mark.parametrize("stats", [{}, {"mean": 3.0, "std": 0.0}, {"mean": None, "std": None}])
 def test_a_constant_or_unmeasured_feature_is_never_divided_by_zero(stats: dict) -> None:
     layer = standardizer(FeatureSpec("x", "numeric", dtype="int64"), stats)
