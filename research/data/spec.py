@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from contracts.yaml_config import ConfigError, StrictModel, load_yaml_model
 
@@ -327,6 +328,33 @@ class DatasetSpec(StrictModel):
         default_factory=QualitySpec, description="when a build is refused, not published"
     )
     base_dir: str = Field(default=".", exclude=True, description="set from the spec's location")
+
+    @model_validator(mode="after")
+    def _shards_of_known_splits(self) -> DatasetSpec:
+        """``output.num_shards`` may name only splits of ``split.ratios``: a misspelt name
+        would otherwise leave its split one shard, silently."""
+        from research.data.feature_names import closest_name
+
+        counts = self.output.num_shards
+        splits = list(self.split.ratios)
+        unknown = (
+            [name for name in counts if name not in splits] if isinstance(counts, dict) else []
+        )
+        if not unknown:
+            return self
+        errors = []
+        for name in unknown:
+            close = closest_name(name, splits)
+            hint = f"; did you mean {close!r}?" if close else ""
+            message = f"no split {name!r} in split.ratios ({', '.join(splits)}){hint}"
+            errors.append(
+                InitErrorDetails(
+                    type=PydanticCustomError("value_error", "{message}", {"message": message}),
+                    loc=("output", "num_shards", name),
+                    input=counts[name],
+                )
+            )
+        raise ValidationError.from_exception_data(type(self).__name__, errors)
 
     def resolve(self, path: str) -> str:
         """A source path as the spec means it: a URI as written, a local path relative

@@ -67,3 +67,27 @@ def test_spec_hash_is_stable_and_sensitive(tmp_path):
     changed = first.model_copy(update={"name": "u"})
     assert first.spec_hash() == again.spec_hash()
     assert first.spec_hash() != changed.spec_hash()
+
+
+def test_shards_for_a_split_that_does_not_exist_is_refused_with_the_closest(tmp_path):
+    body = "name: t\nsources:\n  - {type: csv, path: data.csv}\noutput:\n  num_shards: {}\n"
+    path = write_spec(tmp_path, body.replace("{}", "{train: 2, valdation: 1}"))
+    with pytest.raises(ConfigError) as raised:
+        load_spec(path)
+    assert str(raised.value) == (
+        f"{path}:5: output.num_shards.valdation: no split 'valdation' in split.ratios "
+        "(train, validation, test); did you mean 'validation'?"
+    )
+    renamed = (
+        body.replace("{}", "{fit: 2, holdout: 1}") + "split:\n  ratios: {fit: 0.9, holdout: 0.1}\n"
+    )
+    spec = load_spec(write_spec(tmp_path, renamed))
+    assert (spec.output.shards_for("fit"), spec.output.shards_for("holdout")) == (2, 1)
+    with pytest.raises(ConfigError, match=r"output.num_shards.test: no split 'test' in split"):
+        load_spec(
+            write_spec(
+                tmp_path,
+                body.replace("{}", "{train: 2, test: 1}")
+                + "split:\n  ratios: {train: 0.9, holdout: 0.1}\n",
+            )
+        )
