@@ -12,6 +12,11 @@ so they check shapes, turn image stacks into PNGs and name bad input the same wa
 
 ``images`` lists the fields holding image stacks (N x H x W or N x H x W x C, C in
 1..4): they become one PNG per record, so they need whole numbers in 0..255.
+
+A file whose arrays cannot be used together (a missing name, different first
+dimensions, an image stack of the wrong shape, not an npz or HDF5 file at all) is
+refused before the build by ``npz_columns`` and ``hdf5_columns``, which read only the
+arrays' shapes; a block of rows whose values do not fit is quarantined when read.
 """
 
 from __future__ import annotations
@@ -29,7 +34,13 @@ import numpy as np
 from contracts.yaml_config import ConfigError
 from research.data import filesystems
 from research.data.feature_names import closest_name
-from research.data.reading import SourceFile, encode_array_png, quarantined, source_record
+from research.data.reading import (
+    SourceFile,
+    UnreadableFile,
+    encode_array_png,
+    quarantined,
+    source_record,
+)
 from research.data.spec import Hdf5Source, NpzSource
 
 READ_BYTES = 16 * 2**20  # HDF5 rows read at once: as many as fit in this many bytes
@@ -55,12 +66,14 @@ def array_records(
     images: Sequence[str],
     rows_per_read: int,
 ) -> Iterator[dict[str, Any]]:
-    """One record per index; a block of rows that cannot be used is quarantined."""
+    """One record per index; a block of rows that cannot be used is quarantined.
+
+    ``UnreadableFile`` when the arrays cannot be used together (``_checked_length``).
+    """
     try:
         length = _checked_length(columns, images)
     except ValueError as exc:
-        yield quarantined(unit.display, f"cannot use {kind} file: {exc}", "")
-        return
+        raise UnreadableFile(unit.display, f"cannot use {kind} file: {exc}") from None
     first, last = unit.rows or (0, length)
     for start in range(first, min(last, length), rows_per_read):
         stop = min(last, length, start + rows_per_read)
@@ -92,7 +105,10 @@ def _checked_length(columns: Mapping[str, ArrayColumn], images: Sequence[str]) -
     lengths = {field: column.shape[0] for field, column in columns.items()}
     if len(set(lengths.values())) > 1:
         described = ", ".join(f"{field} ({length})" for field, length in lengths.items())
-        raise ValueError(f"arrays must share their first dimension, got {described}")
+        raise ValueError(
+            f"arrays must share their first dimension, got {described}: row i of every "
+            "array is record i, so list only arrays with one row per record"
+        )
     for field in images:
         shape = columns[field].shape
         if not (len(shape) == 3 or (len(shape) == 4 and shape[-1] in (1, 2, 3, 4))):
@@ -139,13 +155,15 @@ def _missing(kind: str, where: str, names: Sequence[str], present: Sequence[str]
 # --- npz ----------------------------------------------------------------------------
 
 
+_NPZ_ERRORS = (ValueError, zipfile.BadZipFile, EOFError, zlib.error)
+
+
 def read_npz(unit: SourceFile) -> Iterator[dict[str, Any]]:
     source: NpzSource = unit.source  # type: ignore[assignment]
     try:
         columns = _npz_columns(unit.path, source)
-    except (ValueError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
-        yield quarantined(unit.display, f"cannot use npz file: {exc}", "")
-        return
+    except _NPZ_ERRORS as exc:
+        raise UnreadableFile(unit.display, f"cannot use npz file: {exc}") from None
     length = max((column.shape[0] for column in columns.values() if column.shape), default=0)
     yield from array_records(unit, "npz", columns, source.images, max(length, 1))
 
@@ -176,18 +194,45 @@ def _in_memory(array: np.ndarray) -> ArrayColumn:
 
 
 def npz_columns(unit: SourceFile) -> list[str]:
-    """The fields of one npz file; ConfigError for an ``arrays`` entry it does not have."""
+    """The fields of one npz file; ConfigError for an ``arrays`` entry it does not have,
+    or a file whose arrays cannot be used (only their headers are read)."""
     source: NpzSource = unit.source  # type: ignore[assignment]
     try:
         with _open_npz(unit.path) as archive:
             names = list(archive.files)
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError):
-        return list(source.arrays.values())  # reading quarantines the file with the reason
-    missing = [name for name in source.arrays if name not in names]
-    if missing:
-        problem = _missing("array", "arrays", missing, names)
-        raise ConfigError(f"sources.{unit.index}.arrays: {unit.display}: {problem}")
-    return list(source.arrays.values()) if source.arrays else names
+            missing = [name for name in source.arrays if name not in names]
+            if missing:
+                problem = _missing("array", "arrays", missing, names)
+                raise ConfigError(f"sources.{unit.index}.arrays: {unit.display}: {problem}")
+            mapping = source.arrays or {name: name for name in names}
+            columns = {field: _npz_header(archive, name) for name, field in mapping.items()}
+        _checked_length(columns, source.images)
+    except ConfigError:
+        raise
+    except (OSError, *_NPZ_ERRORS) as exc:
+        raise ConfigError(
+            f"sources.{unit.index}: {unit.display}: cannot use npz file: {exc}"
+        ) from None
+    return list(columns)
+
+
+def _npz_header(archive: np.lib.npyio.NpzFile, name: str) -> ArrayColumn:
+    """An array's shape and dtype from its ``.npy`` header, its data left unread."""
+    member = name + ".npy" if name + ".npy" in archive.zip.namelist() else name
+    with archive.zip.open(member) as handle:
+        version = np.lib.format.read_magic(handle)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(handle)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(handle)
+        else:
+            array = archive[name]  # a rarer format version: loaded to learn its shape
+            shape, dtype = array.shape, array.dtype
+    if dtype.hasobject:
+        raise ValueError(
+            f"array {name!r} holds Python objects, which are not loaded (allow_pickle=False)"
+        )
+    return ArrayColumn(tuple(shape), dtype, lambda start, stop: np.empty(0))
 
 
 # --- HDF5 ---------------------------------------------------------------------------
@@ -198,16 +243,11 @@ def read_hdf5(unit: SourceFile) -> Iterator[dict[str, Any]]:
     with contextlib.ExitStack() as stack:
         try:
             handle = stack.enter_context(_open_hdf5(unit.path))
-        except OSError as exc:
-            yield quarantined(unit.display, f"cannot use HDF5 file: {exc}", "")
-            return
-        try:
             columns = {
                 field: _hdf5_column(handle, path) for field, path in _hdf5_fields(handle, source)
             }
-        except ValueError as exc:
-            yield quarantined(unit.display, f"cannot use HDF5 file: {exc}", "")
-            return
+        except (OSError, ValueError) as exc:
+            raise UnreadableFile(unit.display, f"cannot use HDF5 file: {exc}") from None
         widest = max((column.row_bytes for column in columns.values()), default=1)
         rows_per_read = max(1, READ_BYTES // max(widest, 1))
         yield from array_records(unit, "HDF5", columns, source.images, rows_per_read)
@@ -270,12 +310,20 @@ def _hdf5_column(handle: h5py.File, path: str) -> ArrayColumn:
 
 
 def hdf5_columns(unit: SourceFile) -> list[str]:
-    """The fields of one HDF5 file; ConfigError for a ``fields`` path it does not have."""
+    """The fields of one HDF5 file; ConfigError for a ``fields`` path it does not have,
+    or a file whose datasets cannot be used (only their shapes are read)."""
     source: Hdf5Source = unit.source  # type: ignore[assignment]
+    where = f"sources.{unit.index}: {unit.display}"
     try:
         with _open_hdf5(unit.path) as handle:
-            return [field for field, _ in _hdf5_fields(handle, source)]
-    except OSError:
-        return list(source.fields)  # reading quarantines the file with the reason
-    except ValueError as exc:
-        raise ConfigError(f"sources.{unit.index}.fields: {unit.display}: {exc}") from None
+            try:
+                fields = _hdf5_fields(handle, source)
+            except ValueError as exc:
+                raise ConfigError(f"sources.{unit.index}.fields: {unit.display}: {exc}") from None
+            columns = {field: _hdf5_column(handle, path) for field, path in fields}
+            _checked_length(columns, source.images)
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{where}: cannot use HDF5 file: {exc}") from None
+    return list(columns)

@@ -16,6 +16,7 @@ from contracts.yaml_config import ConfigError
 USER_ERRORS = (ConfigError, DatasetError)
 EXIT_BUILT = 0
 EXIT_REFUSED = 3  # 2, a usage or input error, is slipway's for every command
+EXIT_VALID, EXIT_INVALID, EXIT_NOT_A_DATASET = 0, 1, 2  # of ``data validate``
 
 console = Console()
 errors = Console(stderr=True)
@@ -56,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="verify shards against the manifest; compare statistics with a reference",
         description="Verify a dataset's shards (SHA-256, record counts, schema) against its "
         "manifest, and with --reference flag statistics that drifted from another dataset. "
-        "Exit codes: 0 passed, 1 failed, 2 not a dataset.",
+        "Exit codes: 0 passed, 1 failed, 2 the dataset or the reference is not a dataset "
+        "(no readable manifest.json).",
     )
     validate.add_argument("dataset", type=Path, help="dataset directory (manifest.json + shards)")
     validate.add_argument("--reference", type=Path, help="reference dataset for drift checks")
@@ -77,12 +79,15 @@ def run_build(args: argparse.Namespace) -> int:
     from research.data.pipeline import build_dataset
     from research.data.quality import BuildRejectedError
     from research.data.report import render_report
+    from research.data.sources import skipped_files
     from research.data.spec import load_spec
 
     spec = load_spec(args.spec)
     output = args.output or str(Path("datasets") / spec.name)
     started = time.monotonic()
     try:
+        for note in skipped_files(spec):
+            errors.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
         with console.status(f"building dataset [bold]{spec.name}[/] with Apache Beam…"):
             result = build_dataset(
                 spec, output, overwrite=args.overwrite, beam_args=args.extra_args
@@ -113,7 +118,9 @@ def run_validate(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_json(), indent=2))
     else:
         console.print(render_report(report))
-    return 0 if report.ok else 1
+    if report.not_datasets:
+        return EXIT_NOT_A_DATASET
+    return EXIT_VALID if report.ok else EXIT_INVALID
 
 
 def run_show(args: argparse.Namespace) -> int:

@@ -13,9 +13,11 @@ Options of a ``type: csv`` source (defaults in brackets):
   without their surrounding spaces, mean missing; they are read as missing values.
 - ``rename`` [none]: column -> field name, applied after ``names``.
 
-A row whose width differs from the columns' is quarantined with its line. When no
-row near the top of a file has the columns' width, the spec reads the file wrongly
-(usually a file without a header row), and ``csv_columns`` says so before the build.
+A row whose width differs from the columns' is quarantined with its line. A file
+that the spec cannot read at all is refused before the build by ``csv_columns``, with
+the fix: when no row near the top has the columns' width (usually a file without a
+header row), when its columns cannot be known (an empty file, a header that repeats a
+name or leaves one empty) or when ``rename`` gives two columns one name.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from research.data.line_ranges import physical_lines
 from research.data.reading import (
     UNDECODABLE,
     SourceFile,
+    UnreadableFile,
     check_encoding,
     open_text,
     quarantined,
@@ -98,12 +101,8 @@ def _rows(lines: _Lines, source: CsvSource) -> Iterator[tuple[int, Row]]:
             yield lines.row_start, row
 
 
-class _HeaderProblem(ValueError):
-    """The columns of a file cannot be known; the file is quarantined whole."""
-
-    def __init__(self, origin: str, reason: str, raw: str = "") -> None:
-        super().__init__(reason)
-        self.origin, self.reason, self.raw = origin, reason, raw
+class _HeaderProblem(UnreadableFile):
+    """The columns of a file cannot be known, so none of its rows can be read."""
 
 
 @dataclass
@@ -123,7 +122,11 @@ def _table(unit: SourceFile, lines: _Lines) -> _Table:
         first = next(rows, None)
         if first is None:
             skipped = f" after the {source.skip_lines} skipped lines" if source.skip_lines else ""
-            raise _HeaderProblem(unit.display, f"empty file: a header row is required{skipped}")
+            raise _HeaderProblem(
+                unit.display,
+                f"empty file: a header row is required{skipped}; remove the file or leave it "
+                "out of the path",
+            )
         line, cells = first
         if isinstance(cells, str):
             raise _HeaderProblem(f"{unit.display}:{line}", f"unreadable header row: {cells}")
@@ -134,7 +137,7 @@ def _table(unit: SourceFile, lines: _Lines) -> _Table:
     else:
         names, rows = _numbered_columns(rows)
     columns = [source.rename.get(name, name) for name in names]
-    problem = _columns_problem(columns, source.encoding)
+    problem = _columns_problem(names, columns, source)
     if problem:
         origin = f"{unit.display}:{header[0]}" if header else unit.display
         raise _HeaderProblem(origin, problem, source.delimiter.join(header[1] if header else []))
@@ -156,15 +159,43 @@ def _numbered_columns(
     return names, itertools.chain(peeked, rows)
 
 
-def _columns_problem(columns: list[str], encoding: str) -> str | None:
-    if any(UNDECODABLE.search(name) for name in columns):
-        return f"header row is not valid {_spelled(encoding)}"
+def _columns_problem(names: list[str], columns: list[str], source: CsvSource) -> str | None:
+    """Why ``names`` (the header's, or ``names``) or ``columns`` (after ``rename``) cannot
+    name the file's columns, with the fix; None when they can."""
+    if any(UNDECODABLE.search(name) for name in names):
+        return (
+            f"header row is not valid {_spelled(source.encoding)}; set encoding to the "
+            "file's encoding"
+        )
+    if "" in names:
+        return (
+            f"header column {names.index('') + 1} has no name; name every column with names: [...]"
+        )
+    repeated = _repeated(names)
+    if repeated:
+        return (
+            f"the header repeats {repeated}; give the columns unique names with names: [...] "
+            "(one per column, in order; they replace the header's)"
+        )
     if "" in columns:
-        return f"header column {columns.index('') + 1} has no name"
-    duplicates = sorted({name for name in columns if columns.count(name) > 1})
-    if duplicates:
-        return f"duplicate column names after rename: {', '.join(duplicates)}"
+        return f"rename gives column {columns.index('') + 1} an empty name"
+    repeated = _repeated(columns)
+    if repeated:
+        return f"rename gives {repeated}; rename them to different names"
     return None
+
+
+def _repeated(names: list[str]) -> str:
+    """Each name given to several columns, with their numbers: "'ash' (columns 5 and 14)"."""
+    positions: dict[str, list[int]] = {}
+    for number, name in enumerate(names, start=1):
+        positions.setdefault(name, []).append(number)
+    described = []
+    for name, numbers in positions.items():
+        if len(numbers) > 1:
+            listed = ", ".join(map(str, numbers[:-1])) + f" and {numbers[-1]}"
+            described.append(f"{name!r} (columns {listed})")
+    return ", ".join(described)
 
 
 def _spelled(encoding: str) -> str:
@@ -201,15 +232,14 @@ def _data_rows(
 
 
 def read_csv(unit: SourceFile) -> Iterator[dict[str, Any]]:
-    """Records of one CSV file: column -> cell text, or None for a missing value."""
+    """Records of one CSV file: column -> cell text, or None for a missing value.
+
+    ``UnreadableFile`` when the file's columns cannot be known.
+    """
     source: CsvSource = unit.source  # type: ignore[assignment]
     missing = frozenset(source.na_values)
     with contextlib.ExitStack() as stack:
-        try:
-            columns, rows = _data_rows(unit, stack)
-        except _HeaderProblem as problem:
-            yield quarantined(problem.origin, problem.reason, problem.raw)
-            return
+        columns, rows = _data_rows(unit, stack)
         yield from _records(unit, columns, rows, missing)
 
 
@@ -282,18 +312,27 @@ class _DecodedLines:
 def csv_columns(unit: SourceFile) -> list[str]:
     """The file's columns, checked against the width of its first rows.
 
-    ConfigError when none of the first ``ROWS_CHECKED`` rows has as many cells as
-    there are columns: every row would be quarantined, so the spec misreads the file.
-    A file whose columns cannot be known at all (empty, duplicate names) has none
-    here; reading quarantines it with the reason.
+    ConfigError, naming the file, when its columns cannot be known (an empty file, a
+    header that repeats a name, see ``_columns_problem``), and when none of the first
+    ``ROWS_CHECKED`` rows has as many cells as there are columns: every row would be
+    quarantined, so the spec misreads the file. A header without rows is no error: the
+    file holds no records.
     """
+    source: CsvSource = unit.source  # type: ignore[assignment]
+    where = f"sources.{unit.index}: "
     with contextlib.ExitStack() as stack:
         try:
             table = _table(unit, _lines(replace(unit, span=None), stack))
-        except _HeaderProblem:
-            return []
-        checked = itertools.islice(table.rows, ROWS_CHECKED)
-        widths = sorted({len(row) for _, row in checked if isinstance(row, list)})
+        except _HeaderProblem as problem:
+            raise ConfigError(f"{where}{problem.origin}: {problem.reason}") from None
+        checked = list(itertools.islice(table.rows, ROWS_CHECKED))
+    if table.header is None and not checked:
+        skipped = f" after the {source.skip_lines} skipped lines" if source.skip_lines else ""
+        raise ConfigError(
+            f"{where}{unit.display}: empty file: no rows{skipped}; remove the file or leave "
+            "it out of the path"
+        )
+    widths = sorted({len(row) for _, row in checked if isinstance(row, list)})
     if widths and len(table.columns) not in widths:
         raise ConfigError(_width_mismatch(unit, table, widths))
     return table.columns

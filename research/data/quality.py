@@ -14,6 +14,12 @@ as they were. The checks:
   or not fitting the schema) or dropped by a clean rule is at most
   ``quality.max_quarantine_fraction``. Duplicates merged by de-duplication are not a
   loss: what they held is still in the dataset.
+- **every file read**: no source file failed as a whole. The checks before the build
+  refuse such files; one that changed or vanished after them held records nobody
+  counted, so the loss cannot be measured and the build is refused.
+
+An empty split with a ``split.key`` is explained by the key's number of distinct
+values: every record with one key goes to one split.
 
 The numbers behind the verdict go into the report's ``quality`` section, and a refusal
 names each rule that took records with a few of the records it took, from
@@ -29,6 +35,12 @@ from contracts.dataset_manifest import DatasetError
 from research.data import filesystems
 from research.data.rejects import DROPPED_FILE, QUARANTINE_FILE, read_entries
 from research.data.spec import QualitySpec
+
+# Counters the checks read from the report's rules; the readers (research.data.sources)
+# and the split (research.data.split) count them.
+UNREADABLE_FILES = "read.unreadable_files"  # source files that failed as a whole
+DISTINCT_KEYS = "split_key.distinct_values"  # distinct split keys, up to DISTINCT_KEYS_CAP
+DISTINCT_KEYS_CAP = 10_000
 
 EXAMPLES_PER_RULE = 3
 EXAMPLE_CHARS = 160  # of an example's raw record, in a refusal message
@@ -76,14 +88,20 @@ def assess(report: Mapping[str, Any], quality: QualitySpec) -> dict[str, Any]:
     inputs = report["inputs"]
     fraction = lost / inputs if inputs else 0.0
     empty = [split for split, count in report["records_written"].items() if count == 0]
+    unreadable = _rule_count(report, UNREADABLE_FILES)
     return {
         "inputs": inputs,
         "lost": lost,
         "lost_fraction": fraction,
         "max_quarantine_fraction": quality.max_quarantine_fraction,
         "empty_splits": empty,
-        "passed": not empty and fraction <= quality.max_quarantine_fraction,
+        "unreadable_files": unreadable,
+        "passed": not empty and not unreadable and fraction <= quality.max_quarantine_fraction,
     }
+
+
+def _rule_count(report: Mapping[str, Any], name: str) -> int:
+    return sum(int(rule["count"]) for rule in report.get("rules", ()) if rule["rule"] == name)
 
 
 def check_build(report: Mapping[str, Any], staging: str, destination: str) -> None:
@@ -100,18 +118,44 @@ def check_build(report: Mapping[str, Any], staging: str, destination: str) -> No
     if verdict["passed"]:
         return
     lines = [f"{destination}: the build was refused and nothing was written there."]
+    entries = [entry for log in logs for entry in _entries(log)]
+    if verdict.get("unreadable_files"):
+        lines.append(_unreadable(verdict["unreadable_files"]))
     if verdict["empty_splits"]:
         lines.append(f"- no records in split(s) {', '.join(map(repr, verdict['empty_splits']))}")
+        keys = _rule_count(report, DISTINCT_KEYS)
+        if keys:
+            lines.append(_few_keys(keys, len(report["records_written"])))
     if verdict["lost_fraction"] > verdict["max_quarantine_fraction"]:
         lines.append(
             f"- {verdict['lost']:,} of {verdict['inputs']:,} input records "
             f"({verdict['lost_fraction']:.1%}) were quarantined or dropped, more than "
             f"quality.max_quarantine_fraction = {verdict['max_quarantine_fraction']:g} allows"
         )
-    losses = _losses(report["rules"], [entry for log in logs for entry in _entries(log)])
+    losses = _losses(report["rules"], entries)
     if losses:
         lines.extend(["Records lost, by rule, with examples:", *losses])
     raise BuildRejectedError("\n".join(lines), report)
+
+
+def _unreadable(files: int) -> str:
+    """Why a build with source files that failed as a whole is refused."""
+    return (
+        f"- {files:,} source file(s) could not be read to the end, though they passed the "
+        "checks before the build (did they change or vanish during it?): the records they "
+        "hold were not counted, so what the build lost is unknown; quarantine.jsonl names them"
+    )
+
+
+def _few_keys(keys: int, splits: int) -> str:
+    """Why a split key can leave a split empty."""
+    counted = f"at least {keys:,}" if keys >= DISTINCT_KEYS_CAP else f"only {keys:,}"
+    return (
+        f"- split.key has {counted} distinct value(s) among the records, for {splits} splits: "
+        "every record with one key value goes to one split, so a key with few values "
+        "leaves splits empty. Use a key with many more values than there are splits "
+        "(an id, not a class or a group), or remove split.key to split by content"
+    )
 
 
 def _entries(path: str) -> list[dict[str, Any]]:

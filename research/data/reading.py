@@ -1,9 +1,13 @@
 """What every source reader shares: the unit it reads, and how it reports what it read.
 
 A reader turns one ``SourceFile`` into records (``source_record``) and quarantine
-entries (``quarantined``), in file order. Readers live in their own modules
-(``sources``, ``csv_source``, ``array_sources``); this one holds only what they have
-in common, so that none of them imports another.
+entries (``quarantined``), in file order. A file none of whose records can be read
+(its columns or its arrays cannot be known) raises ``UnreadableFile`` instead: the
+column checks refuse such a file before the build, and one that turns unreadable
+after them makes the build refuse, because the records it held are unknown and
+counting it as one lost input would understate the loss. Readers live in their own
+modules (``sources``, ``csv_source``, ``array_sources``); this one holds only what they
+have in common, so that none of them imports another.
 """
 
 from __future__ import annotations
@@ -77,6 +81,23 @@ def source_record(unit: SourceFile, position: int, origin: str, fields: dict[str
 def quarantined(origin: str, reason: str, raw: Any) -> dict[str, str]:
     """A quarantine entry of the read stage."""
     return quarantine_entry(origin, STAGE, reason, raw)
+
+
+class UnreadableFile(ValueError):
+    """None of a file's records can be read; ``origin`` says where, ``reason`` why."""
+
+    def __init__(self, origin: str, reason: str, raw: str = "") -> None:
+        super().__init__(reason)
+        self.origin, self.reason, self.raw = origin, reason, raw
+
+
+class UnreadableEntry(dict):
+    """The quarantine entry of a whole file that could not be read (``UnreadableFile``,
+    or an ``OSError`` while reading it); a plain dict otherwise."""
+
+
+def unreadable_entry(origin: str, reason: str, raw: Any = "") -> UnreadableEntry:
+    return UnreadableEntry(quarantined(origin, reason, raw))
 
 
 def check_encoding(index: int, encoding: str) -> None:

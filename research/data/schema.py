@@ -12,6 +12,7 @@ its record to quarantine instead of stopping the pipeline.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -94,8 +95,10 @@ def resolve_schema(spec: DatasetSpec) -> ResolvedSchema:
     inferred = infer_schema(spec) if spec.infer_schema else {}
     fields = {**spec.schema_, **{name: guess.field for name, guess in inferred.items()}}
     if not fields:
+        sources = ", ".join(source.where for source in found)
         raise ConfigError(
-            "schema: no fields: none are declared and the sources gave no readable records"
+            f"schema: no fields: none are declared, and the sources ({sources}) gave no "
+            "readable record to infer them from: they hold no data rows, or none can be read"
             if spec.infer_schema
             else "schema: no fields are declared and infer_schema is false"
         )
@@ -220,18 +223,29 @@ def _string(name: str, value: Any, kind: str) -> str:
 
 
 def _image(name: str, value: Any, field: FieldSchema) -> bytes:
-    expected = f"image ({field.height}x{field.width}x{field.channels} PNG/JPEG bytes)"
+    expected = f"image ({field.height}x{field.width}x{field.channels} PNG/JPEG/GIF bytes)"
     if not isinstance(value, bytes):
         raise ConformError(name, expected, value)
     try:
         image = to_channels(decode_image(value), field.channels)
     except ImageDecodeError as exc:
-        raise ConformError(name, expected, value, str(exc)) from None
+        raise ConformError(name, expected, value, _without_addresses(str(exc))) from None
     except ValueError as exc:  # a mode Pillow cannot convert (LAB to L, La, ...)
-        raise ConformError(name, expected, value, f"cannot convert image: {exc}") from None
+        detail = _without_addresses(f"cannot convert image: {exc}")
+        raise ConformError(name, expected, value, detail) from None
     if image.size != (field.width, field.height):
         image = image.resize((field.width, field.height), Image.Resampling.BILINEAR)
     return encode_png(image)
+
+
+# An object's repr in a library's message, e.g. Pillow's "<_io.BytesIO object at 0x7f98…>".
+_OBJECT_REPR = re.compile(r"\s*<[^<>]*\bat 0x[0-9A-Fa-f]+>")
+
+
+def _without_addresses(message: str) -> str:
+    """The message without object reprs: their memory addresses differ on every run, and
+    a quarantine reason must be the same in every build."""
+    return _OBJECT_REPR.sub("", message)
 
 
 class _ConformFn(beam.DoFn):

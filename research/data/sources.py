@@ -8,11 +8,15 @@ Each type also says which columns a file offers (``source_columns``), so that th
 names a spec uses are checked against the data before anything runs.
 
 Readers stream: a CSV or text file is never held in memory whole, an HDF5 file is
-read in chunks. Bad input (a malformed row, an undecodable line, an unreadable file)
-becomes a quarantine entry with its origin (``path:line``), never an exception that
-would stop the pipeline. Only a spec that cannot work at all (no file matches a path,
-an unknown encoding, a CSV file whose rows never have its header's width) is an
-error, raised before anything runs.
+read in chunks. Bad input (a malformed row, an undecodable line, an image that does
+not decode) becomes a quarantine entry with its origin (``path:line``), never an
+exception that would stop the pipeline. A spec or a file that cannot work at all (no
+file matches a path, an unknown encoding, a CSV file whose header repeats a name or
+whose rows never have its header's width, an empty file, arrays of different lengths,
+an image folder without images) is a ConfigError naming the file, raised by
+``source_columns`` before anything runs. Such a file is never quarantined as one
+record: if one turns unreadable after the checks, the build is refused
+(``UNREADABLE_FILES``, research.data.quality).
 """
 
 from __future__ import annotations
@@ -39,14 +43,18 @@ from research.data.array_sources import (
 )
 from research.data.csv_source import check_csv_options, csv_columns, read_csv, row_starts
 from research.data.line_ranges import line_starts, plan_ranges, splittable_encoding
+from research.data.quality import UNREADABLE_FILES
 from research.data.reading import (
     SourceFile,
     SourceSpec,
+    UnreadableEntry,
+    UnreadableFile,
     check_encoding,
     open_text,
     quarantined,
     source_record,
     undecodable,
+    unreadable_entry,
 )
 from research.data.records import QUARANTINE_TAG, RANK, Record, count
 from research.data.spec import (
@@ -58,8 +66,10 @@ from research.data.spec import (
     TextSource,
 )
 
-IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg"})
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".gif"})
 JSONL_COLUMN_SAMPLE = 1000  # records of a JSON lines file whose keys are its columns
+SKIPPED_FILES = "read.skipped_files"  # files of an image folder that are not images
+SKIPPED_SHOWN = 3  # skipped files named in a message
 
 
 def check_sources(spec: DatasetSpec) -> list[SourceFile]:
@@ -146,12 +156,18 @@ def is_record(item: dict[str, Any]) -> bool:
 
 
 def read_source_file(unit: SourceFile) -> Iterator[dict[str, Any]]:
-    """Records and quarantine entries of one matched file, in file order."""
+    """Records and quarantine entries of one matched file, in file order.
+
+    A file that cannot be read at all ends with an ``UnreadableEntry``: the checks
+    before the build refuse such files, so one met here changed or vanished since.
+    """
     try:
         yield from _READERS[unit.source.type].read(unit)
+    except UnreadableFile as exc:
+        yield unreadable_entry(exc.origin, exc.reason, exc.raw)
     except OSError as exc:
-        # The file vanished or became unreadable after matching; what was already read stays.
-        yield quarantined(unit.display, f"cannot read file: {exc.strerror or exc}", "")
+        # What was already read stays, but how much was not is unknown.
+        yield unreadable_entry(unit.display, f"cannot read file: {exc.strerror or exc}")
 
 
 def sample_records(spec: DatasetSpec, limit: int) -> list[Record]:
@@ -197,6 +213,9 @@ class _ReadFileFn(beam.DoFn):
                 yield item
             else:
                 count("read.quarantined")
+                if isinstance(item, UnreadableEntry):
+                    count(UNREADABLE_FILES)
+                    item = dict(item)
                 yield beam.pvalue.TaggedOutput(QUARANTINE_TAG, item)
 
 
@@ -339,8 +358,12 @@ def _read_text(unit: SourceFile) -> Iterator[dict[str, Any]]:
 
 def _read_image_folder(unit: SourceFile) -> Iterator[dict[str, Any]]:
     source: ImageFolderSource = unit.source  # type: ignore[assignment]
-    position = 0
-    for class_name, name, path in _class_images(unit.path):
+    folder = _image_folder(unit.path)
+    if not folder.images:
+        raise UnreadableFile(unit.display, _no_images(folder))
+    if folder.skipped:
+        count(SKIPPED_FILES, len(folder.skipped))
+    for position, (class_name, name, path) in enumerate(folder.images):
         origin = f"{unit.display}/{class_name}/{name}"
         try:
             data = filesystems.read_bytes(path)
@@ -349,24 +372,65 @@ def _read_image_folder(unit: SourceFile) -> Iterator[dict[str, Any]]:
             continue
         fields = {source.image_field: data, source.label_field: class_name}
         yield source_record(unit, position, origin, fields)
-        position += 1
-    if position == 0:
-        reason = "no images: expected <class>/*.png|jpg|jpeg under the folder"
-        yield quarantined(unit.display, reason, "")
 
 
-def _class_images(root: str) -> list[tuple[str, str, str]]:
-    """``(class, file name, path)`` of each image directly inside a class folder of
-    ``root``, sorted; hidden class folders are not classes."""
+@dataclass(frozen=True)
+class ImageFolder:
+    """What an image folder holds: ``(class, file name, path)`` of each image, sorted, and
+    the paths (relative to the folder) of the other files, which are not read."""
+
+    images: list[tuple[str, str, str]]
+    skipped: list[str]
+
+
+def _image_folder(root: str) -> ImageFolder:
+    """The images directly inside a class folder of ``root``, with an accepted suffix.
+
+    Every other file is skipped: one with another suffix, one outside a class folder or
+    deeper down. Hidden class folders are not classes, and hidden files that are not
+    images (``.DS_Store``) or inside hidden folders (``.git/``) are not counted.
+    """
     prefix = root.rstrip("/") + "/"
-    images = []
+    images, skipped = [], []
     for path in filesystems.files_under(root):
-        parts = path[len(prefix) :].split("/")
-        if len(parts) != 2 or parts[0].startswith("."):
+        relative = path[len(prefix) :]
+        parts = relative.split("/")
+        if parts[0].startswith("."):
             continue
-        if Path(parts[1]).suffix.lower() in IMAGE_SUFFIXES:
+        if len(parts) == 2 and Path(parts[1]).suffix.lower() in IMAGE_SUFFIXES:
             images.append((parts[0], parts[1], path))
-    return sorted(images)
+        elif not any(part.startswith(".") for part in parts):
+            skipped.append(relative)
+    return ImageFolder(sorted(images), sorted(skipped))
+
+
+def _suffixes() -> str:
+    return "|".join(sorted(suffix.lstrip(".") for suffix in IMAGE_SUFFIXES))
+
+
+def _no_images(folder: ImageFolder) -> str:
+    found = ""
+    if folder.skipped:
+        found = f"; it holds only {len(folder.skipped)} other file(s): {_listed(folder.skipped)}"
+    return f"no images: expected <class>/*.{{{_suffixes()}}} under the folder{found}"
+
+
+def _listed(paths: list[str]) -> str:
+    return ", ".join(paths[:SKIPPED_SHOWN]) + (", …" if len(paths) > SKIPPED_SHOWN else "")
+
+
+def skipped_files(spec: DatasetSpec) -> list[str]:
+    """One line per image-folder source that skips files, naming a few of them."""
+    notes = []
+    for unit in check_sources(spec):
+        if isinstance(unit.source, ImageFolderSource):
+            skipped = _image_folder(unit.path).skipped
+            if skipped:
+                notes.append(
+                    f"sources.{unit.index}: {unit.display}: {len(skipped)} file(s) skipped, "
+                    f"not <class>/*.{{{_suffixes()}}} images: {_listed(skipped)}"
+                )
+    return notes
 
 
 def _jsonl_columns(unit: SourceFile) -> list[str]:
@@ -382,7 +446,11 @@ def _text_columns(unit: SourceFile) -> list[str]:
 
 
 def _image_folder_columns(unit: SourceFile) -> list[str]:
+    """The image and label fields; ConfigError for a folder without images."""
     source: ImageFolderSource = unit.source  # type: ignore[assignment]
+    folder = _image_folder(unit.path)
+    if not folder.images:
+        raise ConfigError(f"sources.{unit.index}: {unit.display}: {_no_images(folder)}")
     return [source.image_field, source.label_field]
 
 

@@ -99,6 +99,9 @@ class ValidationReport:
     split: str
     problems: list[Problem] = field(default_factory=list)
     drifts: list[Drift] = field(default_factory=list)
+    # The paths given (the dataset, the reference) that hold no readable manifest: not
+    # datasets at all, which the CLI tells apart from datasets that fail their checks.
+    not_datasets: list[str] = field(default_factory=list)
 
     @property
     def errors(self) -> list[Problem]:
@@ -118,6 +121,7 @@ class ValidationReport:
             "reference": self.reference_dir,
             "split": self.split,
             "ok": self.ok,
+            "not_datasets": list(self.not_datasets),
             "problems": [problem.to_json() for problem in self.problems],
             "drifts": [drift.to_json() for drift in self.drifts],
         }
@@ -698,10 +702,19 @@ def validate_dataset(
         split=split,
         problems=problems,
     )
+    if manifest is None:
+        report.not_datasets.append(str(dataset_dir))
     if reference_dir is None or manifest is None:
         return report
     try:
         reference = load_manifest(reference_dir)
+    except DatasetError as exc:
+        report.not_datasets.append(str(reference_dir))
+        report.problems.append(
+            Problem("error", "drift", f"cannot compare with the reference: {exc}")
+        )
+        return report
+    try:
         report.drifts = compare_statistics(manifest, reference, split=split, thresholds=thresholds)
     except DatasetError as exc:
         report.problems.append(

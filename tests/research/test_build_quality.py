@@ -25,6 +25,7 @@ from tests.research.data_fixtures import (
     leftovers,
     slipway,
     tabular_rows,
+    tabular_spec,
     tree_digest,
     write_spec,
     write_tabular_csv,
@@ -264,6 +265,7 @@ def test_a_loss_within_the_allowed_share_is_built_and_logged(
         "lost_fraction": pytest.approx(2 / 3, abs=1e-6),
         "max_quarantine_fraction": 0.7,
         "empty_splits": [],
+        "unreadable_files": 0,
         "passed": True,
     }
     lines = (tmp_path / "out" / DROPPED_FILE).read_text().splitlines()
@@ -388,3 +390,59 @@ def test_build_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str])
     assert "Exit codes: 0 built; 2 the spec, a source or the destination is wrong" in text
     assert "3 the build ran and was refused" in text
     assert "quality.max_quarantine_fraction" in text
+
+
+def test_an_empty_split_from_a_split_key_with_few_values_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = tabular_rows(120, seed=8)
+    write_tabular_csv(tmp_path / "table.csv", rows)
+    text = (tmp_path / "table.csv").read_text().splitlines()
+    sites = [text[0] + ",site"] + [f"{line},{'abc'[i % 3]}" for i, line in enumerate(text[1:])]
+    (tmp_path / "table.csv").write_text("\n".join(sites) + "\n")
+    spec = tabular_spec("table")
+    spec["exclude"] = ["site"]
+    spec["split"] = {"key": "site"}
+    code, error = build(capsys, write_spec(tmp_path / "table.yaml", spec), "-o", tmp_path / "out")
+    assert code == REFUSED
+    assert "- no records in split(s) " in error
+    assert (
+        "- split.key has only 3 distinct value(s) among the records, for 3 splits: every "
+        "record with one key value goes to one split"
+    ) in error
+    spec["split"] = {"key": "id"}  # one value per record: no such note when a split is empty
+    spec["quality"] = {"max_quarantine_fraction": 0.5}
+    code, _ = build(capsys, write_spec(tmp_path / "table.yaml", spec), "-o", tmp_path / "out")
+    assert code == 0
+    report = json.loads((tmp_path / "out" / REPORT_FILE).read_text())
+    rules = {rule["rule"]: rule["count"] for rule in report["rules"]}
+    assert rules["split_key.distinct_values"] == 120
+
+
+def test_a_source_file_unreadable_when_the_build_reads_it_refuses_the_build(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checks before the build refuse a CSV whose header repeats a name. One that
+    turns so after them (here: the check is skipped) holds rows nobody counted: the
+    build is refused rather than counting the file as one lost input of 301."""
+    from research.data import sources
+    from research.data.csv_source import read_csv
+
+    spec = write_tabular_dataset_inputs(tmp_path, "table", tabular_rows(300, seed=9))
+    write_tabular_csv(tmp_path / "more.csv", tabular_rows(300, seed=10))
+    (tmp_path / "more.csv").write_text(
+        (tmp_path / "more.csv").read_text().replace("id,x,colour,note", "id,x,x,note", 1)
+    )
+    data = tabular_spec("table")
+    data["sources"].append({"type": "csv", "path": "more.csv"})
+    write_spec(spec, data)
+    code, error = build(capsys, spec, "-o", tmp_path / "out")
+    assert code == 2 and "more.csv:1: the header repeats 'x' (columns 2 and 3)" in error
+
+    columns = ["id", "x", "colour", "note"]
+    monkeypatch.setitem(sources._READERS, "csv", sources._Reader(read_csv, lambda unit: columns))
+    code, error = build(capsys, spec, "-o", tmp_path / "out")
+    assert code == REFUSED
+    assert "- 1 source file(s) could not be read to the end" in error
+    assert "more.csv:1: the header repeats 'x'" in error  # the quarantined entry, quoted
+    assert not (tmp_path / "out").exists()

@@ -13,6 +13,7 @@ from contracts.yaml_config import ConfigError
 from research.data.records import ORIGIN
 from research.data.schema import resolve_schema
 from research.data.sources import check_sources, source_columns
+from research.data.spec import DatasetSpec
 from tests.research.data_fixtures import make_spec, public, read
 
 
@@ -214,3 +215,105 @@ def test_a_few_bad_rows_do_not_make_the_file_misread(tmp_path: Path) -> None:
         "expected 2 columns, got 3",
         "expected 2 columns, got 1",
     ]
+
+
+# --- files the spec cannot read at all: refused before the build, naming the file ------
+
+WINE_NAMES = [
+    "alcohol",
+    "malic_acid",
+    "magnesium",
+    "alcalinity_of_ash",
+    "ash",
+    "total_phenols",
+    "flavanoids",
+    "nonflavanoid_phenols",
+    "proanthocyanins",
+    "color_intensity",
+    "hue",
+    "od280",
+    "proline",
+]
+
+
+def wine_with_header(directory: Path, name: str, header: list[str], rows: int = 178) -> Path:
+    """scikit-learn's wine file with ``header`` instead of its count line."""
+    lines = sklearn_csv("wine_data.csv", directory).read_text().splitlines()[1 : rows + 1]
+    path = directory / name
+    path.write_text("\n".join([",".join(header), *lines]) + "\n")
+    return path
+
+
+def test_a_header_that_repeats_a_name_is_refused_naming_file_columns_and_fix(
+    tmp_path: Path,
+) -> None:
+    wine_with_header(tmp_path, "wine.csv", [*WINE_NAMES, "target"])
+    wine_with_header(tmp_path, "wine_dupcols.csv", [*WINE_NAMES, "ash"])
+    message = (
+        "sources.1: wine_dupcols.csv:1: the header repeats 'ash' (columns 5 and 14); give "
+        "the columns unique names with names: [...] (one per column, in order; they replace "
+        "the header's)"
+    )
+    both = [{"type": "csv", "path": "wine.csv"}, {"type": "csv", "path": "wine_dupcols.csv"}]
+    alone = {"type": "csv", "path": "wine_dupcols.csv"}
+    for spec in (
+        DatasetSpec.model_validate(  # beside a good file
+            {"name": "t", "sources": both, "labels": ["target"], "base_dir": str(tmp_path)}
+        ),
+        make_spec(tmp_path, alone, labels=["target"]),  # alone, inferred
+        make_spec(tmp_path, alone, schema={"target": {"type": "categorical"}}),  # declared
+    ):
+        with pytest.raises(ConfigError) as raised:
+            resolve_schema(spec)
+        assert str(raised.value) == message.replace("sources.1", f"sources.{len(spec.sources) - 1}")
+        assert "rename" not in str(raised.value)
+    names = {"type": "csv", "path": "wine_dupcols.csv", "names": [*WINE_NAMES, "target"]}
+    assert "target" in resolve_schema(make_spec(tmp_path, names, labels=["target"])).fields
+
+
+def test_a_header_with_an_unnamed_column_or_a_rename_onto_another_is_refused(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "u.csv").write_text("a,,c\n1,2,3\n")
+    (tmp_path / "r.csv").write_text("a,b,c\n1,2,3\n")
+    cases = [
+        (
+            {"type": "csv", "path": "u.csv"},
+            "sources.0: u.csv:1: header column 2 has no name; name every column with names: [...]",
+        ),
+        (
+            {"type": "csv", "path": "r.csv", "rename": {"a": "c"}},
+            "sources.0: r.csv:1: rename gives 'c' (columns 1 and 3); rename them to "
+            "different names",
+        ),
+    ]
+    for source, message in cases:
+        with pytest.raises(ConfigError) as raised:
+            source_columns(make_spec(tmp_path, source))
+        assert str(raised.value) == message
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_an_empty_csv_alone_is_refused_with_its_reason_not_a_column_list(
+    tmp_path: Path, declared: bool
+) -> None:
+    (tmp_path / "empty.csv").write_text("")
+    extra: dict[str, Any] = {"labels": ["target"]}
+    if declared:
+        extra["schema"] = {"target": {"type": "categorical"}}
+    with pytest.raises(ConfigError) as raised:
+        resolve_schema(make_spec(tmp_path, {"type": "csv", "path": "empty.csv"}, **extra))
+    assert str(raised.value) == (
+        "sources.0: empty.csv: empty file: a header row is required; remove the file or "
+        "leave it out of the path"
+    )
+
+
+def test_a_header_without_rows_names_the_sources_that_gave_no_records(tmp_path: Path) -> None:
+    wine_with_header(tmp_path, "header_only.csv", [*WINE_NAMES, "target"], rows=0)
+    with pytest.raises(ConfigError) as raised:
+        resolve_schema(make_spec(tmp_path, {"type": "csv", "path": "header_only.csv"}))
+    assert str(raised.value) == (
+        "schema: no fields: none are declared, and the sources (header_only.csv) gave no "
+        "readable record to infer them from: they hold no data rows, or none can be read"
+    )

@@ -29,7 +29,10 @@ from tests.research.data_fixtures import (
     shard_hashes,
     slipway,
     tabular_rows,
+    tabular_spec,
     tree_digest,
+    write_spec,
+    write_tabular_csv,
     write_tabular_dataset_inputs,
 )
 
@@ -338,6 +341,125 @@ def test_show_of_a_directory_that_is_not_a_dataset_is_a_clear_error(
 ) -> None:
     assert slipway("data", "show", tmp_path) == 2
     assert "not a dataset" in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "no manifest", "corrupt manifest"])
+def test_validate_of_a_path_that_is_not_a_dataset_exits_2(
+    table: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    path = tmp_path / "ds"
+    if kind != "missing":
+        path.mkdir()
+    if kind == "no manifest":
+        (path / "train-00000-of-00001.tfrecord").write_bytes(b"")
+    if kind == "corrupt manifest":
+        (path / "manifest.json").write_text('{"format": ')
+    capsys.readouterr()
+    assert slipway("data", "validate", path) == 2
+    assert "manifest" in one_line(capsys.readouterr().out)  # what is missing or unreadable
+    code, report = validate_json(capsys, path)
+    assert code == 2 and report["not_datasets"] == [str(path)] and not report["ok"]
+    code, report = validate_json(capsys, table, "--reference", path)
+    assert code == 2 and report["not_datasets"] == [str(path)]
+
+
+def test_validate_of_a_dataset_lists_no_path_as_not_a_dataset(
+    table: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, report = validate_json(capsys, table, "--reference", table)
+    assert (code, report["not_datasets"]) == (0, [])
+
+
+def test_build_refuses_a_source_file_it_cannot_read_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A header that repeats a name, beside a good file: exit 2 naming the file, not a
+    build that drops the file's rows and counts them as one lost input."""
+    good = tabular_rows(100, seed=7)
+    write_tabular_csv(tmp_path / "good.csv", good)
+    bad = write_tabular_csv(tmp_path / "dup.csv", good)
+    bad.write_text(bad.read_text().replace("id,x,colour,note", "id,x,colour,x", 1))
+    spec = tabular_spec("dup", "good.csv")
+    spec["sources"].append({"type": "csv", "path": "dup.csv"})
+    spec["quality"] = {"max_quarantine_fraction": 0.01}
+    path = write_spec(tmp_path / "dup.yaml", spec)
+    capsys.readouterr()
+    assert slipway("data", "build", path, "-o", tmp_path / "out") == 2
+    error = one_line(capsys.readouterr().err)
+    assert (
+        f"{path}: sources.1: dup.csv:1: the header repeats 'x' (columns 2 and 4); give the "
+        "columns unique names with names: [...]"
+    ) in error
+    assert not (tmp_path / "out").exists()
+
+
+def test_build_refuses_hdf5_datasets_of_different_lengths_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import h5py
+    import numpy as np
+
+    with h5py.File(tmp_path / "wine.h5", "w") as handle:
+        handle.create_dataset("measurements/features", data=np.zeros((178, 13)))
+        handle.create_dataset("short", data=np.zeros(100, dtype=np.int64))
+    spec = {
+        "name": "wine",
+        "sources": [
+            {
+                "type": "hdf5",
+                "path": "wine.h5",
+                "fields": {"features": "/measurements/features", "target": "/short"},
+            }
+        ],
+        "labels": ["target"],
+    }
+    path = write_spec(tmp_path / "wine.yaml", spec)
+    capsys.readouterr()
+    assert slipway("data", "build", path, "-o", tmp_path / "out") == 2
+    assert "wine.h5: cannot use HDF5 file: arrays must share their first dimension, got " in (
+        one_line(capsys.readouterr().err)
+    )
+
+
+def test_image_builds_name_skipped_files_and_write_the_same_quarantine_twice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for index in range(40):
+        image = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8))
+        path = tmp_path / "pets" / ("cat", "dog")[index % 2] / f"{index}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image.save(path)
+    gif = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).save(gif, format="GIF")
+    (tmp_path / "pets" / "cat" / "moving.gif").write_bytes(gif.getvalue())
+    (tmp_path / "pets" / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff corrupt")
+    (tmp_path / "pets" / "dog" / "notes.txt").write_text("not an image")
+    spec = {"name": "pets", "sources": [{"type": "image_folder", "path": "pets"}]}
+    spec["labels"] = ["label"]
+    path = write_spec(tmp_path / "pets.yaml", spec)
+    logs = []
+    for out in ("one", "two"):
+        capsys.readouterr()
+        assert slipway("data", "build", path, "-o", tmp_path / out) == 0
+        assert (
+            "note: sources.0: pets: 1 file(s) skipped, not <class>/*.{gif|jpeg|jpg|png} "
+            "images: dog/notes.txt"
+        ) in one_line(capsys.readouterr().err)
+        logs.append((tmp_path / out / "quarantine.jsonl").read_bytes())
+        report = json.loads((tmp_path / out / "report.json").read_text())
+        rules = {rule["rule"]: rule["count"] for rule in report["rules"]}
+        assert rules["read.skipped_files"] == 1
+        assert rules["read.records.image_folder"] == 42  # the GIF is read
+    assert logs[0] == logs[1]
+    (entry,) = [json.loads(line) for line in logs[0].splitlines()]
+    assert entry["origin"] == "pets/dog/broken.jpg"
+    assert " at 0x" not in entry["reason"]
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

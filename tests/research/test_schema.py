@@ -389,6 +389,20 @@ def test_conform_refuses_corrupt_or_non_image_values(value: Any) -> None:
         conform_value("img", value, field)
 
 
+def test_an_undecodable_image_gets_the_same_reason_in_every_build() -> None:
+    """Pillow names its BytesIO (``<_io.BytesIO object at 0x7f…>``): an address per run."""
+    field = FieldSchema(type="image", height=4, width=4, channels=3)
+    reasons = set()
+    for _ in range(3):
+        with pytest.raises(ConformError) as raised:
+            conform_value("img", b"garbage", field)
+        reasons.add(str(raised.value))
+    assert reasons == {
+        "field 'img': expected image (4x4x3 PNG/JPEG/GIF bytes), got <7 bytes> "
+        "(cannot decode image: cannot identify image file)"
+    }
+
+
 def test_conform_refuses_an_image_mode_that_cannot_become_grayscale() -> None:
     lab = encode(Image.new("LAB", (2, 2)), "TIFF")
     field = FieldSchema(type="image", height=2, width=2, channels=1)

@@ -16,11 +16,16 @@ from apache_beam.testing.util import assert_that, equal_to
 from PIL import Image
 
 from contracts.yaml_config import ConfigError
+from research.data import sources
+from research.data.reading import UnreadableEntry
 from research.data.records import METRICS_NAMESPACE, ORIGIN, QUARANTINE_TAG, RANK
+from research.data.schema import resolve_schema
 from research.data.sources import (
     ReadSources,
     check_sources,
     sample_records,
+    skipped_files,
+    source_columns,
 )
 from research.data.spec import DatasetSpec
 from tests.research.data_fixtures import public, read
@@ -78,20 +83,43 @@ def test_csv_broken_rows_are_quarantined_and_reading_goes_on(tmp_path: Path) -> 
     assert all(q["stage"] == "read" for q in quarantined)
 
 
-def test_csv_without_header_or_with_duplicate_columns_is_quarantined(tmp_path: Path) -> None:
+def test_csv_files_whose_columns_cannot_be_known_are_refused_before_the_build(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "empty.csv").write_text("")
     (tmp_path / "dup.csv").write_text("a,b\n1,2\n")
-    spec = make_spec(
-        tmp_path,
-        {"type": "csv", "path": "empty.csv"},
-        {"type": "csv", "path": "dup.csv", "rename": {"b": "a"}},
-    )
-    records, quarantined = read(spec)
-    assert records == []
-    assert [q["reason"] for q in quarantined] == [
-        "empty file: a header row is required",
-        "duplicate column names after rename: a",
+    cases = [
+        (
+            {"type": "csv", "path": "empty.csv"},
+            "sources.0: empty.csv: empty file: a header row "
+            "is required; remove the file or leave it out of the path",
+        ),
+        (
+            {"type": "csv", "path": "empty.csv", "header": "none", "names": ["a"]},
+            "sources.0: empty.csv: empty file: no rows; remove the file or leave it out of the path",
+        ),
+        (
+            {"type": "csv", "path": "dup.csv", "rename": {"b": "a"}},
+            "sources.0: dup.csv:1: rename gives 'a' (columns 1 and 2); rename them to different "
+            "names",
+        ),
     ]
+    for source, message in cases:
+        with pytest.raises(ConfigError) as raised:
+            source_columns(make_spec(tmp_path, source))
+        assert str(raised.value) == message
+
+
+def test_a_csv_file_unreadable_at_build_time_ends_with_one_unreadable_entry(
+    tmp_path: Path,
+) -> None:
+    """A file that changed after the checks: the reader says so, never a record count."""
+    (tmp_path / "dup.csv").write_text("a,a\n1,2\n")
+    records, quarantined = read(make_spec(tmp_path, {"type": "csv", "path": "dup.csv"}))
+    assert records == []
+    assert [type(q) for q in quarantined] == [UnreadableEntry]
+    assert quarantined[0]["origin"] == "dup.csv:1"
+    assert quarantined[0]["reason"].startswith("the header repeats 'a' (columns 1 and 2)")
 
 
 def test_csv_honours_delimiter_and_byte_order_mark(tmp_path: Path) -> None:
@@ -182,24 +210,54 @@ def test_image_folder_reads_raw_bytes_with_class_labels(tmp_path: Path) -> None:
     for name, data in [("cat/1.png", cat), ("dog/2.JPG", dog), ("dog/3.jpeg", corrupt)]:
         (tmp_path / "pets" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "pets" / name).write_bytes(data)
+    gif = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)).save(gif, format="GIF")
+    (tmp_path / "pets" / "cat" / "4.gif").write_bytes(gif.getvalue())
     (tmp_path / "pets" / "dog" / "notes.txt").write_text("not an image")
     (tmp_path / "pets" / "README").write_text("not a class")
+    (tmp_path / "pets" / "dog" / ".DS_Store").write_text("hidden: not counted")
     spec = make_spec(tmp_path, {"type": "image_folder", "path": "pets", "image_field": "photo"})
     records, quarantined = read(spec)
     assert quarantined == []
     assert [public(r) for r in records] == [
         {"photo": cat, "label": "cat"},
+        {"photo": gif.getvalue(), "label": "cat"},
         {"photo": dog, "label": "dog"},
         {"photo": corrupt, "label": "dog"},  # decoding is checked when conforming
     ]
-    assert [r[ORIGIN] for r in records] == ["pets/cat/1.png", "pets/dog/2.JPG", "pets/dog/3.jpeg"]
+    assert [r[ORIGIN] for r in records] == [
+        "pets/cat/1.png",
+        "pets/cat/4.gif",
+        "pets/dog/2.JPG",
+        "pets/dog/3.jpeg",
+    ]
+    assert skipped_files(spec) == [
+        "sources.0: pets: 2 file(s) skipped, not <class>/*.{gif|jpeg|jpg|png} images: "
+        "README, dog/notes.txt"
+    ]
 
 
-def test_image_folder_without_images_is_quarantined(tmp_path: Path) -> None:
+def test_files_an_image_folder_skips_are_counted_in_beam(tmp_path: Path) -> None:
+    for name in ("a/1.png", "a/2.txt", "b/3.bmp", "b/4.png", "top.csv"):
+        (tmp_path / "pets" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pets" / name).write_bytes(b"x")
+    spec = make_spec(tmp_path, {"type": "image_folder", "path": "pets"})
+    assert run_counters(spec) == {"read.records.image_folder": 2, "read.skipped_files": 3}
+
+
+def test_image_folder_without_images_is_refused_before_the_build(tmp_path: Path) -> None:
     (tmp_path / "empty" / "cls").mkdir(parents=True)
+    (tmp_path / "empty" / "cls" / "a.tiff").write_bytes(b"x")
     spec = make_spec(tmp_path, {"type": "image_folder", "path": "empty"})
-    records, quarantined = read(spec)
+    with pytest.raises(ConfigError) as raised:
+        source_columns(spec)
+    assert str(raised.value) == (
+        "sources.0: empty: no images: expected <class>/*.{gif|jpeg|jpg|png} under the "
+        "folder; it holds only 1 other file(s): cls/a.tiff"
+    )
+    records, quarantined = read(spec)  # had it changed after the check: one unreadable entry
     assert records == []
+    assert [type(q) for q in quarantined] == [UnreadableEntry]
     assert quarantined[0]["reason"].startswith("no images")
 
 
@@ -290,6 +348,63 @@ def test_npz_unusable_files_are_quarantined_with_a_clear_reason(
     assert reason in quarantined[0]["reason"]
 
 
+@pytest.mark.parametrize(
+    ("arrays", "images", "reason"),
+    [
+        (
+            {"a": np.zeros((3, 2)), "b": np.zeros(4)},
+            [],
+            "arrays must share their first dimension, got a (3), b (4): row i of every array "
+            "is record i, so list only arrays with one row per record",
+        ),
+        ({"img": np.zeros((2, 4))}, ["img"], "images: field 'img' has shape [2, 4]"),
+        ({"objs": np.array([{"a": 1}, None], dtype=object)}, [], "allow_pickle=False"),
+    ],
+)
+def test_npz_files_whose_arrays_do_not_fit_together_are_refused_before_the_build(
+    tmp_path: Path, arrays: dict, images: list[str], reason: str
+) -> None:
+    np.savez(tmp_path / "bad.npz", **arrays)
+    spec = make_spec(tmp_path, {"type": "npz", "path": "bad.npz", "images": images})
+    with pytest.raises(ConfigError) as raised:
+        source_columns(spec)
+    assert str(raised.value).startswith("sources.0: bad.npz: cannot use npz file: ")
+    assert reason in str(raised.value)
+
+
+def test_a_file_that_is_no_npz_archive_is_refused_before_the_build(tmp_path: Path) -> None:
+    (tmp_path / "fake.npz").write_text("not a zip")
+    spec = make_spec(tmp_path, {"type": "npz", "path": "fake.npz"})
+    with pytest.raises(ConfigError, match=r"^sources.0: fake.npz: cannot use npz file: "):
+        source_columns(spec)
+
+
+def test_hdf5_datasets_of_different_lengths_are_refused_before_the_build(tmp_path: Path) -> None:
+    import h5py
+
+    with h5py.File(tmp_path / "wine.h5", "w") as handle:
+        handle.create_dataset("measurements/features", data=np.zeros((178, 13)))
+        handle.create_dataset("short", data=np.zeros(100, dtype=np.int64))
+    source = {
+        "type": "hdf5",
+        "path": "wine.h5",
+        "fields": {"features": "/measurements/features", "target": "/short"},
+    }
+    for spec in (
+        make_spec(tmp_path, source, labels=["target"]),
+        make_spec(tmp_path, source, schema={"target": {"type": "categorical"}}),
+    ):
+        with pytest.raises(ConfigError) as raised:
+            resolve_schema(spec)
+        assert str(raised.value).startswith(
+            "sources.0: wine.h5: cannot use HDF5 file: arrays must share their first "
+            "dimension, got features (178), target (100)"
+        )
+    (tmp_path / "fake.h5").write_text("not hdf5")
+    with pytest.raises(ConfigError, match=r"^sources.0: fake.h5: cannot use HDF5 file: "):
+        source_columns(make_spec(tmp_path, {"type": "hdf5", "path": "fake.h5"}))
+
+
 def test_npz_missing_array_names_the_arrays_present(tmp_path: Path) -> None:
     np.savez(tmp_path / "m.npz", x=np.zeros(2))
     spec = make_spec(tmp_path, {"type": "npz", "path": "m.npz", "arrays": {"X": "x"}})
@@ -362,6 +477,39 @@ def test_sample_takes_records_from_every_source_in_turn(tmp_path: Path) -> None:
 
 
 # --- Beam -----------------------------------------------------------------------------
+
+
+def run_counters(spec: DatasetSpec, **transform: Any) -> dict[str, int]:
+    """The counters of a pipeline that only reads ``spec``'s sources."""
+    pipeline = TestPipeline(runner=FN_API_RUNNER)
+    _ = pipeline | ReadSources(spec, **transform)
+    run = pipeline.run()
+    run.wait_until_finish()
+    return {
+        c.key.metric.name: c.committed
+        for c in run.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
+    }
+
+
+def test_a_file_unreadable_when_the_build_reads_it_is_counted_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Passed the checks, then changed: counted so that the build refuses (quality)."""
+    (tmp_path / "a.csv").write_text("x,y\n1,2\n")
+    (tmp_path / "b.csv").write_text("x,x\n1,2\n3,4\n")
+    spec = make_spec(tmp_path, {"type": "csv", "path": "*.csv"})
+    assert run_counters(spec) == {
+        "read.records.csv": 1,
+        "read.quarantined": 1,
+        "read.unreadable_files": 1,
+    }
+
+    def vanishing(unit: Any) -> Any:
+        yield from ()
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setitem(sources._READERS, "csv", sources._Reader(vanishing, lambda unit: []))
+    assert run_counters(spec) == {"read.quarantined": 2, "read.unreadable_files": 2}
 
 
 def test_read_sources_in_beam_splits_records_from_quarantine_and_counts(tmp_path: Path) -> None:

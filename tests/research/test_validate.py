@@ -584,3 +584,13 @@ def test_drift_json_drops_infinities():
     drift = Drift("f", "numeric.mean_shift", float("inf"), 0.5, "m")
     assert drift.to_json()["value"] is None
     assert drift.to_json()["threshold"] == 0.5
+
+
+def test_paths_without_a_readable_manifest_are_listed_as_not_datasets(tmp_path):
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "manifest.json").write_text("{")
+    for path in (tmp_path / "missing", tmp_path, tmp_path / "corrupt"):
+        report = validate_dataset(path)
+        assert report.not_datasets == [str(path)] and not report.ok
+        assert report.to_json()["not_datasets"] == [str(path)]
+        assert [problem.check for problem in report.problems] == ["manifest"]
