@@ -16,7 +16,7 @@ so they check shapes, turn image stacks into PNGs and name bad input the same wa
 A file whose arrays cannot be used together (a missing name, different first
 dimensions, an image stack of the wrong shape, not an npz or HDF5 file at all) is
 refused before the build by ``npz_columns`` and ``hdf5_columns``, which read only the
-arrays' shapes; a block of rows whose values do not fit is quarantined when read.
+arrays' shapes; a row whose values do not fit is quarantined when read.
 """
 
 from __future__ import annotations
@@ -66,9 +66,11 @@ def array_records(
     images: Sequence[str],
     rows_per_read: int,
 ) -> Iterator[dict[str, Any]]:
-    """One record per index; a block of rows that cannot be used is quarantined.
+    """One record per index; a row that cannot be used is quarantined on its own.
 
-    ``UnreadableFile`` when the arrays cannot be used together (``_checked_length``).
+    Rows are read in blocks; a block with a bad row is read again row by row, so the
+    quarantine names (and the loss counts) each bad row, and the block's good rows are
+    kept. ``UnreadableFile`` when the arrays cannot be used together (``_checked_length``).
     """
     try:
         length = _checked_length(columns, images)
@@ -78,20 +80,36 @@ def array_records(
     for start in range(first, min(last, length), rows_per_read):
         stop = min(last, length, start + rows_per_read)
         try:
-            block = {field: column.rows(start, stop) for field, column in columns.items()}
-            for field in images:
-                block[field] = _uint8_images(field, block[field])
-        except ValueError as exc:
-            whole = (start, stop) == (0, length)
-            origin = unit.display if whole else f"{unit.display}[{start}:{stop}]"
-            yield quarantined(origin, f"cannot use {kind} file: {exc}", "")
-            continue
-        for offset in range(stop - start):
-            position = start + offset
-            fields = {
-                name: _plain(array[offset], image=name in images) for name, array in block.items()
-            }
-            yield source_record(unit, position, f"{unit.display}[{position}]", fields)
+            yield from _rows(unit, columns, images, start, stop)
+        except ValueError:
+            for position in range(start, stop):
+                try:
+                    yield from _rows(unit, columns, images, position, position + 1)
+                except ValueError as exc:
+                    origin = f"{unit.display}[{position}]"
+                    yield quarantined(origin, f"cannot use {kind} file: {exc}", "")
+
+
+def _rows(
+    unit: SourceFile,
+    columns: Mapping[str, ArrayColumn],
+    images: Sequence[str],
+    start: int,
+    stop: int,
+) -> list[dict[str, Any]]:
+    """Records ``start`` to ``stop``; ValueError when any of them cannot be used."""
+    block = {field: column.rows(start, stop) for field, column in columns.items()}
+    for field in images:
+        block[field] = _uint8_images(field, block[field])
+    return [
+        source_record(
+            unit,
+            start + offset,
+            f"{unit.display}[{start + offset}]",
+            {name: _plain(array[offset], image=name in images) for name, array in block.items()},
+        )
+        for offset in range(stop - start)
+    ]
 
 
 def _checked_length(columns: Mapping[str, ArrayColumn], images: Sequence[str]) -> int:

@@ -319,6 +319,27 @@ def test_npz_integral_float_images_are_accepted(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("pixels", "reason"),
+    [
+        (
+            np.full((2, 4, 4), 0.5),
+            "images: field 'img' has dtype float64 with values that are not whole numbers",
+        ),
+        (np.full((2, 4, 4), 300), "not whole numbers in 0..255"),
+    ],
+)
+def test_npz_images_that_cannot_be_used_are_quarantined_row_by_row(
+    tmp_path: Path, pixels: np.ndarray, reason: str
+) -> None:
+    np.savez(tmp_path / "bad.npz", img=pixels)
+    spec = make_spec(tmp_path, {"type": "npz", "path": "bad.npz", "images": ["img"]})
+    records, quarantined = read(spec)
+    assert records == []
+    assert [entry["origin"] for entry in quarantined] == ["bad.npz[0]", "bad.npz[1]"]
+    assert all(reason in entry["reason"] for entry in quarantined)
+
+
+@pytest.mark.parametrize(
     ("arrays", "images", "reason"),
     [
         (
@@ -326,12 +347,6 @@ def test_npz_integral_float_images_are_accepted(tmp_path: Path) -> None:
             [],
             "arrays must share their first dimension, got a (3), b (4)",
         ),
-        (
-            {"img": np.full((2, 4, 4), 0.5)},
-            ["img"],
-            "images: field 'img' has dtype float64 with values that are not whole numbers",
-        ),
-        ({"img": np.full((2, 4, 4), 300)}, ["img"], "not whole numbers in 0..255"),
         ({"img": np.zeros((2, 4))}, ["img"], "images: field 'img' has shape [2, 4]"),
         ({"objs": np.array([{"a": 1}, None], dtype=object)}, [], "allow_pickle=False"),
     ],
