@@ -27,6 +27,20 @@ numbering plan:
   new or unlisted one would leak: there any possible number written in the 3-3-4
   layout counts — area code in parentheses, or the same "-", "." or space between all
   groups (mixed separators are more often a date or a list than a number).
+
+A number written as a decimal is never a phone number nor a card, whatever its digits:
+libphonenumber reads ``0.1684`` or ``0.123456789`` as a national number of some regions
+(a trunk "0", then digits), and a long fraction can pass the Luhn check. A decimal is an
+integer part — ``0``, or digits without a leading zero, plain or grouped in thousands
+(``1,234``, ``1.234``, ``1 234``) — then a single ``.`` or ``,`` decimal mark and digits;
+a sign, an exponent, a percent sign or a unit may follow. A phone match is refused when
+one of the numbers it is made of has that form, or when it is one unbroken run of digits
+that the digits, ``.`` and ``,`` written against it make into a decimal (the fraction of
+``0,0612345678``). No phone number is written that way: a national number starts with its
+trunk "0" or is grouped in several groups (``020.7946.0958``, ``415.555.0134``,
+``0151.23456789`` all stay phones). The forms both can take read as the decimal: an
+unbroken number right after a number and a comma (``7,0612345678`` in a line of
+comma-separated values), and a single "." among spaces (``020 7946.0958``).
 """
 
 from __future__ import annotations
@@ -61,10 +75,12 @@ _D = "[0-9]"
 # hyphens with a four-digit first group (4-4-4-4, 4-6-5, 4-4-4-4-3 ...). Grouped numbers
 # must stand alone: a digit group just before or after means the digits belong to
 # something else (a phone number followed by a year, say).
+# The digits of a decimal number's fraction or integer part ("0.4111111111111111") are
+# not a card either.
 _CARD = re.compile(
-    rf"{_D}(?<!{_D}{_D})"
-    rf"(?:{_D}{{12,18}}(?!{_D})"
-    rf"|(?<!{_D}[ -]{_D}){_D}{{3}}(?:[ -]{_D}{{3,7}}){{1,4}}(?![ -]?{_D}))"
+    rf"{_D}(?<!{_D}{_D})(?<!{_D}[.,]{_D})"
+    rf"(?:{_D}{{12,18}}(?!{_D}|[.,]{_D})"
+    rf"|(?<!{_D}[ -]{_D}){_D}{{3}}(?:[ -]{_D}{{3,7}}){{1,4}}(?![ -]?{_D}|[.,]{_D}))"
 )
 _CARD_DIGITS = (13, 19)
 
@@ -90,6 +106,23 @@ _PHONE_DIGITS = (8, 15)
 # Characters that glue a number to what is around it: "v415-555-0134", "0-8044-2957-X".
 _GLUE_BEFORE = re.compile(r"[\w.+-]")
 _GLUE_AFTER = re.compile(r"\w|[-.]\w")
+
+# A number written as a decimal (see the module docstring): the integer part is 0, or has
+# no leading zero, plain or grouped in thousands by one separator that differs from the
+# decimal mark. Digits are any decimal digits, as they are for libphonenumber.
+_DECIMAL_FORM = r"(?:0|[1-9]\d*|[1-9]\d{0,2}(?:([ ,.\u00a0\u2009\u202f])\d{3})+)(?!\1)[.,]\d+"
+_DECIMAL = re.compile(_DECIMAL_FORM)
+# A decimal among the numbers of a phone match: not part of a longer run of digits and
+# marks within the match (what is around the match is judged apart, see _in_decimal).
+_DECIMAL_INSIDE = re.compile(rf"(?<![\d.,]){_DECIMAL_FORM}(?!\d|[.,]\d)")
+# The first number of a match (digits, with decimal marks or thousands separators
+# between them), after the punctuation the matcher may take along ("(", a space); none
+# when the match starts with "+".
+_FIRST_NUMBER = re.compile(r"[^\d+]*(\d(?:[\d.,\u0020\u00a0\u2009\u202f]*\d)?)")
+_NO_DIGIT = re.compile(r"\D*")
+_SPACES = frozenset("\u0020\u00a0\u2009\u202f")  # thousands separators
+_DECIMAL_SEPARATORS = _SPACES | {".", ","}
+_NUMBER_REACH = 64  # characters looked at on each side of an unbroken match
 
 _NON_DIGIT = re.compile(r"[^0-9]")
 _ASCII_DIGITS = b"0123456789"
@@ -142,6 +175,61 @@ def _stands_alone(text: str, start: int, end: int) -> bool:
     return not glued_before and _GLUE_AFTER.match(text, end) is None
 
 
+def _in_decimal(text: str, start: int, end: int) -> bool:
+    """Whether the phone match ``text[start:end]`` holds, or is part of, a decimal number."""
+    if _DECIMAL_INSIDE.search(text[start:end]):
+        return True
+    first = _FIRST_NUMBER.match(text, start, end)
+    if first is None:  # written with "+", or no digit first
+        return False
+    # Does the match's first number finish a decimal written before it? It may be the
+    # fraction ("0,0612345678") or the last groups ("1,205,049.649047", "12 075.89354")
+    # of one; when it is the match's only number, also its integer part ("360857,1377024").
+    # A number without a mark is taken as a decimal's part only when nothing follows it
+    # in the match: "7,020 7946 0958" is a value and a phone number, whatever "7,020" is.
+    number_start, number_end = first.span(1)
+    only = _NO_DIGIT.fullmatch(text, number_end, end) is not None
+    ends = {
+        stop
+        for stop in _number_ends(text, number_start, number_end)
+        if only and stop == number_end or _has_mark(text, number_start, stop)
+    }
+    if only:
+        right = number_end
+        while right < min(len(text), number_end + _NUMBER_REACH) and _number_char(text[right]):
+            right += 1
+        ends.add(number_end + len(text[number_end:right].rstrip(".,")))
+    if not ends:
+        return False
+    for position in range(number_start, max(0, number_start - _NUMBER_REACH) - 1, -1):
+        char = text[position]
+        if not char.isdecimal():
+            if char not in _DECIMAL_SEPARATORS:
+                return False
+        elif (position == 0 or not text[position - 1].isdecimal()) and any(
+            _DECIMAL.fullmatch(text, position, stop) for stop in ends
+        ):
+            return True
+    return False
+
+
+def _number_ends(text: str, start: int, end: int) -> list[int]:
+    """Where the number ``text[start:end]`` could end: before each space, and at its end."""
+    return [
+        stop
+        for stop in range(start + 1, end)
+        if text[stop] in _SPACES and text[stop - 1].isdecimal()
+    ] + [end]
+
+
+def _has_mark(text: str, start: int, end: int) -> bool:
+    return "." in text[start:end] or "," in text[start:end]
+
+
+def _number_char(char: str) -> bool:
+    return char.isdecimal() or char in ".,"
+
+
 def _phone_spans(text: str, regions: tuple[str, ...]) -> list[tuple[int, int]]:
     """(start, end) of every phone number, non-overlapping, in text order."""
     spans = []
@@ -160,7 +248,12 @@ def _phone_spans(text: str, regions: tuple[str, ...]) -> list[tuple[int, int]]:
     found: list[tuple[int, int]] = []
     for start, end in sorted(spans, key=lambda span: (span[0], -span[1])):
         overlaps = found and start < found[-1][1]
-        if not overlaps and _stands_alone(text, start, end) and not _labelled(text, start):
+        if (
+            not overlaps
+            and _stands_alone(text, start, end)
+            and not _labelled(text, start)
+            and not _in_decimal(text, start, end)
+        ):
             found.append((start, end))
     return found
 

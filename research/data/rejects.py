@@ -17,16 +17,23 @@ holds more than a run of entries.
 
 Quarantined text is raw input, so it would carry the personal data that cleaning masks
 in the dataset; with ``clean.pii`` on, ``pii_mask`` masks it the way cleaning masks a
-text field, over the whole text, since the fields of an unusable row cannot be told
-apart. (Dropped records were typed, and cleaning masked their PII fields already.)
+text field. A record refused by the schema (stage ``conform``) is logged cell by cell, as
+read: the cells of the PII fields are masked as cleaning masks them, and the cells of
+other fields are kept as they were read when they are values of their field (a number
+in a numeric field); a cell that is not (the value that got the record refused, say), or
+that no field takes, is masked too, as is every cell when the schema is not known. An
+entry whose input cannot be split into fields (an unparsable line, a file) is masked
+whole, since it may hold anything; the reason, which quotes the input, is masked whole
+as well. (Dropped records were typed, and cleaning masked their PII fields already.)
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +42,10 @@ import apache_beam as beam
 
 from contracts.dataset_manifest import DatasetError
 from research.data import filesystems
-from research.data.clean import normalize_text
+from research.data.clean import compile_rules, normalize_text
 from research.data.pii import mask_pii
 from research.data.sorted_runs import Item, WriteSortedRuns, merge_runs
-from research.data.spec import CleanSpec
+from research.data.spec import CleanSpec, FieldSchema
 
 QUARANTINE_FILE = "quarantine.jsonl"
 DROPPED_FILE = "dropped.jsonl"
@@ -48,6 +55,9 @@ Mask = Callable[[str], str]
 
 _DIGITS = re.compile(r"(\d+)")
 _MASKED_FIELDS = ("reason", "raw")  # where an entry quotes its input
+# research.data.schema.STAGE: the stage that logs a refused record's cells. (The schema
+# module reads sources, whose quality checks read these logs: it is imported late.)
+CONFORM_STAGE = "conform"
 
 
 # --------------------------------------------------------------------------- order
@@ -92,7 +102,9 @@ def entry_line(entry: Entry) -> bytes:
 
 
 def _log_item(entry: Entry, mask: Mask | None) -> Item:
-    if mask is not None:
+    if isinstance(mask, PiiMask):
+        entry = mask.entry(entry)
+    elif mask is not None:
         entry = {
             name: mask(value) if name in _MASKED_FIELDS and isinstance(value, str) else value
             for name, value in entry.items()
@@ -109,30 +121,140 @@ class PiiMask:
     (research.data.clean): the same normalisation, then the same kinds and regions.
 
     Text with nothing to mask is kept exactly as read, so a quarantined row shows its
-    input unchanged wherever that is safe.
+    input unchanged wherever that is safe. ``pii_columns`` are the source columns of the
+    PII fields and ``typed_columns`` the source column and schema of every other field;
+    ``pii_columns`` None means the schema is not known, and every cell is masked.
     """
 
     normalization: str | None
     collapse_whitespace: bool
     kinds: tuple[str, ...]
     phone_regions: tuple[str, ...]
+    pii_columns: frozenset[str] | None = None
+    typed_columns: tuple[tuple[str, FieldSchema], ...] = ()
 
     def __call__(self, text: str) -> str:
         normalized = normalize_text(text, self.normalization, self.collapse_whitespace)
         masked, counts = mask_pii(normalized, self.kinds, self.phone_regions)
         return masked if any(counts.values()) else text
 
+    def entry(self, entry: Entry) -> Entry:
+        """The entry with its reason and raw input masked (see the module docstring)."""
+        masked = dict(entry)
+        if isinstance(entry.get("reason"), str):
+            masked["reason"] = self(entry["reason"])
+        raw = entry.get("raw")
+        if isinstance(raw, str):
+            cells = _record_cells(raw) if entry.get("stage") == CONFORM_STAGE else None
+            masked["raw"] = self(raw) if cells is None else self._record(*cells)
+        return masked
 
-def pii_mask(clean: CleanSpec) -> PiiMask | None:
-    """The masking that ``clean`` applies to text fields, or None when it masks nothing."""
+    def _record(self, cells: dict[str, Any], rest: str) -> str:
+        """A record's cells, masked where they must be, in the form they were logged in."""
+        shown = str({name: self._cell(name, value) for name, value in cells.items()})
+        if not rest:
+            return shown
+        return shown[:-1] + self(rest.removesuffix("…")) + "…"  # NFKC would spell it "..."
+
+    def _cell(self, column: str, value: Any) -> Any:
+        if not self._masks(column, value):
+            return value
+        if isinstance(value, str):
+            return self(value)
+        if isinstance(value, list):
+            return [self._cell(column, item) for item in value]
+        if isinstance(value, dict):
+            return {key: self._cell(column, item) for key, item in value.items()}
+        return value
+
+    def _masks(self, column: str, value: Any) -> bool:
+        if self.pii_columns is None or column in self.pii_columns:
+            return True
+        from research.data.schema import ConformError, conform_value
+
+        for name, field in self.typed_columns:
+            if name == column:
+                try:
+                    conform_value(column, value, field)
+                except ConformError:
+                    return True  # not a value of its field: text of any kind
+                return False
+        return True  # a column no field takes
+
+
+def _record_cells(raw: str) -> tuple[dict[str, Any], str] | None:
+    """The cells of a record logged as ``str(dict)``, and the text of a cut-off last cell.
+
+    A record longer than the preview is cut (records.RAW_PREVIEW_CHARS, then "…"): its
+    whole cells are read, and what follows the last of them is returned as text. None
+    when ``raw`` is not a logged record.
+    """
+    cells = _as_record(raw)
+    if cells is not None:
+        return cells, ""
+    if not raw.endswith("…"):
+        return None
+    cut = len(raw)
+    for _ in range(_MAX_CUTS):
+        cut = max(raw.rfind(", '", 0, cut), raw.rfind(', "', 0, cut))
+        if cut <= 0:
+            return None
+        cells = _as_record(raw[:cut] + "}")
+        if cells is not None:
+            return cells, raw[cut:]
+    return None
+
+
+_MAX_CUTS = 64  # places tried for the end of the last whole cell of a cut-off record
+
+
+def _as_record(text: str) -> dict[str, Any] | None:
+    if not text.startswith("{"):
+        return None
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    # Only a text that prints back exactly is known to be a record's cells.
+    if not isinstance(value, dict) or str(value) != text:
+        return None
+    if not all(isinstance(key, str) for key in value):
+        return None
+    return value
+
+
+def pii_mask(
+    clean: CleanSpec,
+    schema: Mapping[str, FieldSchema] | None = None,
+    columns: Mapping[str, str] | None = None,
+) -> PiiMask | None:
+    """The masking that ``clean`` applies to text fields, or None when it masks nothing.
+
+    With the ``schema`` (and ``columns``, ``ResolvedSchema.columns``: the source column
+    of each renamed field) the cells of a record refused by the schema are masked by
+    field; without it every cell is masked.
+    """
     if not clean.pii.enabled or not clean.pii.kinds:
         return None
     form = clean.unicode_normalization
+    pii_columns: frozenset[str] | None = None
+    typed_columns: tuple[tuple[str, FieldSchema], ...] = ()
+    if schema is not None:
+        source = dict(columns or {})
+        pii_fields = compile_rules(clean, schema, []).pii_fields
+        pii_columns = frozenset(source.get(name, name) for name in pii_fields)
+        typed_columns = tuple(
+            (source.get(name, name), field)
+            for name, field in schema.items()
+            if name not in pii_fields
+        )
     return PiiMask(
         normalization=None if form == "none" else form,
         collapse_whitespace=clean.collapse_whitespace,
         kinds=tuple(clean.pii.kinds),
         phone_regions=tuple(clean.pii.phone_regions),
+        pii_columns=pii_columns,
+        typed_columns=typed_columns,
     )
 
 

@@ -227,7 +227,8 @@ def test_pathological_input_is_linear_not_quadratic() -> None:
 
 # --------------------------------------------------------------------------- properties
 
-_LUHN_16 = re.compile(r"(?<!\d)\d{16}(?!\d)")
+# A run that is not part of a decimal number ("0.4111111111111111" is a number).
+_LUHN_16 = re.compile(r"(?<!\d)(?<!\d[.,])\d{16}(?!\d|[.,]\d)")
 _EMAIL_LIKE = re.compile(
     r"[A-Za-z0-9._%+-]@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}(?![A-Za-z0-9])"
 )
@@ -288,3 +289,116 @@ def test_lone_surrogates_from_json_do_not_break_masking() -> None:
         "\udc80 mail [EMAIL] \ud800",
         {"email": 1, "card": 0, "ipv4": 0, "phone": 0},
     )
+
+
+# --------------------------------------------------------------------------- decimals
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the ratio 0.123456789 is small",
+        "Accuracy moved from 0.2146 to 0.1684 after we retrained the model on 20 000 more rows",
+        "loss -0.123456789, lr 1.5e-05, p = 0.00012345678",
+        "12.3456789 kg, 3.5 kg, 98.7654321% and 1,234.5678901 EUR",
+        "1.234.567,891 und 0,0612345678 und 2,02079460958",  # decimal commas
+        "1 234 567,89 et 49 861 079,92196",  # grouped by spaces
+        "0.2146,0.1684,0.12345678,1.5",  # a row of values
+        "pi 3.14159265358979, 6.02214076e23, avogadro",
+        "0.4111111111111111 passes the Luhn check",
+        "+0.123456789 and +1.2345678901",  # signed
+    ],
+)
+def test_decimal_numbers_are_not_masked(text: str) -> None:
+    assert mask_pii(text) == (text, dict.fromkeys(PII_KINDS, 0))
+
+
+_FLOAT_FORMATS = ["{!r}", "{:.10f}", "{:.4f}", "{:,.6f}", "{:.9e}", "{:g}", "{:.7%}", "{:_.8f}"]
+
+
+@st.composite
+def _decimals(draw: st.DrawFn) -> str:
+    value = draw(st.floats(allow_nan=False, allow_infinity=False, min_value=-1e12, max_value=1e12))
+    text = draw(st.sampled_from(_FLOAT_FORMATS)).format(value)
+    if "." not in text and "e" not in text:
+        text += "." + draw(st.text(alphabet="0123456789", min_size=1, max_size=12))
+    style = draw(st.sampled_from(["en", "de", "fr"]))
+    if style == "de":  # 1.234.567,89
+        text = text.replace(",", "#").replace(".", ",").replace("#", ".").replace("_", ".")
+    elif style == "fr":  # 1 234 567,89
+        text = (
+            text.replace(",", "").replace(".", ",").replace("_", draw(st.sampled_from(" \u202f")))
+        )
+    else:
+        text = text.replace("_", ",")
+    return text + draw(st.sampled_from(["", "", "%", " kg", "ms", " EUR"]))
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    _decimals(),
+    st.sampled_from(["{}", "the ratio {} is small", "moved from {} after", "({})", "x={};"]),
+)
+def test_a_decimal_in_any_format_is_never_masked(decimal: str, sentence: str) -> None:
+    text = sentence.format(decimal)
+    assert mask_pii(text) == (text, dict.fromkeys(PII_KINDS, 0))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.floats(allow_nan=False, allow_infinity=False, min_value=-1e9, max_value=1e9),
+        min_size=2,
+        max_size=8,
+    ),
+    st.sampled_from(_FLOAT_FORMATS[:6]),
+    st.sampled_from([",", ", ", " ", "; ", "\t", " to ", "-", "/", "|"]),
+)
+def test_a_list_of_decimals_is_never_masked(values: list[float], form: str, glue: str) -> None:
+    parts = [form.format(value) for value in values]
+    text = glue.join(part if "." in part or "e" in part else part + ".5" for part in parts)
+    assert mask_pii(text)[1] == dict.fromkeys(PII_KINDS, 0)
+
+
+@pytest.mark.parametrize(
+    "phone",
+    [
+        "+44 20 7946 0958",
+        "+442079460958",
+        "+44.20.7946.0958",
+        "+33 6 12 34 56 78",
+        "0044 20 7946 0958",
+        "020 7946 0958",
+        "0161 496 0000",
+        "06 12 34 56 78",
+        "06.12.34.56.78",
+        "030 901820",
+        "0151 23456789",
+        "0151.23456789",
+        "(415) 555-2671",
+        "415.555.2671",
+        "415-555-2671",
+        "415 555 2671",
+        "1-800-555-0199",
+    ],
+)
+@pytest.mark.parametrize(
+    "around",
+    [
+        "Call {} after six.",
+        "{}",
+        "7,{},x",  # a row of comma-separated values
+        "0.5,{},0.25",
+        "pH 7.4, tel. {}, 3.5 kg",
+        "between 0.2146 and 0.1684 call {} now",
+    ],
+)
+def test_phone_numbers_next_to_decimals_are_still_masked(phone: str, around: str) -> None:
+    masked, counts = mask_pii(around.format(phone))
+    assert masked == around.format("[PHONE]")
+    assert counts["phone"] == 1
+
+
+def test_dotted_quads_stay_addresses_unless_named_a_version() -> None:
+    assert mask_pii("version 1.2.3.4 with 0.123456789")[0] == "version 1.2.3.4 with 0.123456789"
+    assert mask_pii("host 10.1.2.3, ratio 0.2146")[0] == "host [IPV4], ratio 0.2146"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import random
 import re
@@ -11,9 +12,13 @@ from typing import Any
 
 import apache_beam as beam
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from research.data import sorted_runs
+from research.data.records import quarantine_entry
 from research.data.rejects import (
+    CONFORM_STAGE,
     PiiMask,
     WriteRejects,
     entry_line,
@@ -23,8 +28,9 @@ from research.data.rejects import (
     write_entries,
 )
 from research.data.runners import pipeline_options
+from research.data.schema import STAGE as SCHEMA_STAGE
 from research.data.sorted_runs import WriteSortedRuns, merge_runs, read_run, write_run
-from research.data.spec import CleanSpec
+from research.data.spec import CleanSpec, FieldSchema
 from tests.research.data_fixtures import tabular_rows, write_tabular_dataset_inputs
 
 ORIGINS = [
@@ -231,3 +237,120 @@ def test_a_quarantined_csv_row_is_masked_like_the_dataset(tmp_path: Path) -> Non
     text = log.read_text(encoding="utf-8")
     assert not any(secret in text for secret in ("7946", "ann.lee", "bob@", "555-0134"))
     assert result.report["records_quarantined"] == 2
+
+
+# --------------------------------------------------------------------------- masking by field
+
+SCHEMA = {
+    "id": FieldSchema(type="numeric", dtype="int64"),
+    "f6": FieldSchema(type="numeric"),
+    "colour": FieldSchema(type="categorical"),
+    "note": FieldSchema(type="text"),
+    "code": FieldSchema(type="text"),
+}
+TEXT = "Accuracy moved from 0.2146 to 0.1684, call 020 7946 0958 or ann.lee@example.com"
+MASKED_TEXT = "Accuracy moved from 0.2146 to 0.1684, call [PHONE] or [EMAIL]"
+
+
+def refused(record: dict[str, Any], reason: str = "field 'id': expected ...") -> dict[str, Any]:
+    """A quarantine entry as the schema stage writes it (records.quarantine_entry)."""
+    return quarantine_entry("t.csv:4", SCHEMA_STAGE, reason, record)
+
+
+def test_the_conform_stage_is_the_one_that_logs_cells() -> None:
+    assert CONFORM_STAGE == SCHEMA_STAGE
+
+
+def test_a_refused_record_is_masked_in_its_pii_fields_only() -> None:
+    mask = pii_mask(CleanSpec(pii={"fields": ["note"]}), SCHEMA, {"note": "Note"})
+    assert mask is not None
+    record = {
+        "id": "12",
+        "f6": "0.1684",
+        "colour": "020 7946 0958",  # a category, kept as read
+        "Note": TEXT,  # the source column of field "note"
+        "code": "ann.lee@example.com",  # a text field the spec does not mask
+    }
+    entry = mask.entry(refused(record))
+    assert entry["raw"] == str(record | {"Note": MASKED_TEXT})
+
+
+def test_a_cell_that_does_not_fit_its_field_or_no_field_is_masked() -> None:
+    mask = pii_mask(CleanSpec(), SCHEMA)
+    assert mask is not None
+    record = {"id": "bob@example.org", "f6": "0.1684", "note": TEXT, "extra": "+44 20 7946 0958"}
+    reason = "field 'id': expected numeric int64, got 'bob@example.org'"
+    entry = mask.entry(refused(record, reason))
+    assert entry["reason"] == "field 'id': expected numeric int64, got [EMAIL]'"  # ' is atext
+    assert entry["raw"] == str(
+        {"id": "[EMAIL]", "f6": "0.1684", "note": MASKED_TEXT, "extra": "[PHONE]"}
+    )
+
+
+def test_without_the_schema_every_cell_is_masked_on_its_own() -> None:
+    mask = pii_mask(CleanSpec())
+    assert mask is not None
+    record = {"f1": "0.2146", "f6": "0.1684", "f7": "20 000", "text": TEXT, "n": None}
+    entry = mask.entry(refused(record))
+    assert entry["raw"] == str(record | {"text": MASKED_TEXT})
+
+
+def test_a_cut_off_record_is_masked_cell_by_cell_up_to_the_cut() -> None:
+    mask = pii_mask(CleanSpec(), SCHEMA)
+    assert mask is not None
+    record = {"f6": "0.1684", "id": "7", "note": TEXT + " " + "word " * 300}
+    raw = refused(record)["raw"]
+    assert raw.endswith("…")
+    masked = mask.entry(refused(record))["raw"]
+    assert masked.startswith("{'f6': '0.1684', 'id': '7', 'note': '" + MASKED_TEXT)
+    assert masked.endswith("…") and "example.com" not in masked
+
+
+def test_an_unparsable_line_is_masked_whole_without_touching_decimals() -> None:
+    mask = pii_mask(CleanSpec(), SCHEMA)
+    assert mask is not None
+    line = "900,0.2146,0.1684,call 020 7946 0958,1.5"
+    entry = mask.entry(quarantine_entry("t.csv:6", "read", "expected 4 columns, got 5", line))
+    assert entry["raw"] == "900,0.2146,0.1684,call [PHONE],1.5"
+    # A conform entry whose raw text is not a record is masked whole too.
+    assert mask.entry(refused({}) | {"raw": "{not a record 0.1684"})["raw"] == (
+        "{not a record 0.1684"
+    )
+
+
+SECRETS = (TEXT, "020 7946 0958", "bob@example.org")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["id", "f6", "colour", "note", "other"]),
+        st.one_of(
+            st.none(),
+            st.floats(allow_nan=False, allow_infinity=False).map(repr),
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.integers(),
+            st.sampled_from([*SECRETS, "0.123456789", "1,234.56"]),
+        ),
+    )
+)
+def test_masked_records_read_back_as_records_with_numeric_cells_as_read(
+    record: dict[str, Any],
+) -> None:
+    mask = pii_mask(CleanSpec(), SCHEMA)
+    assert mask is not None
+    masked = ast.literal_eval(mask.entry(refused(record))["raw"])
+    assert list(masked) == list(record)
+    for name, value in record.items():
+        if name == "colour" or value not in SECRETS:
+            assert masked[name] == value  # a category, or a number however it is checked
+        else:
+            assert "example" not in masked[name] and "7946" not in masked[name]
+
+
+def test_beam_masks_a_refused_record_by_field(tmp_path: Path) -> None:
+    record = {"id": "3", "f6": "0.1684", "note": TEXT}
+    mask = pii_mask(CleanSpec(), SCHEMA)
+    write_with_beam([refused(record)], tmp_path / "q.jsonl", [], mask)
+    (line,) = read_entries(tmp_path / "q.jsonl")
+    assert line["raw"] == str(record | {"note": MASKED_TEXT})
