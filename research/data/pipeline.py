@@ -133,7 +133,7 @@ def construct_pipeline(
         conformed[records.QUARANTINE_TAG],
     ) | "AllQuarantine" >> beam.Flatten()
     _ = quarantine | "WriteQuarantine" >> WriteRejects(
-        filesystems.join(staging, QUARANTINE_FILE), scratch, pii_mask(spec.clean)
+        filesystems.join(staging, QUARANTINE_FILE), scratch, pii_mask(spec.clean, schema, columns)
     )
 
     # Each stage that removes records sends them to its ``dropped`` output.

@@ -134,3 +134,31 @@ def test_slipway_train_and_export_on_the_renamed_features(iris: Path) -> None:
         "sepal_width_cm",
     ]
     assert list(model["signature"]["outputs"]) == ["species", "species_classes"]
+
+
+def test_a_quarantined_row_is_masked_in_its_text_cells_only(tmp_path: Path) -> None:
+    lines = ["ratio,score,note,label"]
+    lines += [f"0.{1000 + i},{i}.25,plain words {i},{'ab'[i % 2]}" for i in range(40)]
+    lines.append("0.1684,twelve,write to ann@example.org or +44 20 7946 0958,a")
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
+    spec = write_spec(
+        tmp_path / "t.yaml",
+        {
+            "name": "masked",
+            "sources": [{"type": "csv", "path": "t.csv"}],
+            "schema": {
+                "ratio": {"type": "numeric"},
+                "score": {"type": "numeric"},
+                "note": {"type": "text"},
+                "label": {"type": "categorical"},
+            },  # fmt: skip
+            "labels": ["label"],
+            "clean": {"pii": {"enabled": True, "fields": ["note"]}},
+            "split": {"ratios": {"train": 0.5, "test": 0.5}},
+        },
+    )
+    assert slipway("data", "build", spec, "-o", tmp_path / "dataset") == 0
+    (entry,) = [json.loads(line) for line in (tmp_path / "dataset" / "quarantine.jsonl").open()]
+    assert "0.1684" in entry["raw"] and "twelve" in entry["raw"]
+    assert "ann@example.org" not in entry["raw"] and "7946" not in entry["raw"]
+    assert "[EMAIL]" in entry["raw"] and "[PHONE]" in entry["raw"]
