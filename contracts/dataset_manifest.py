@@ -154,17 +154,27 @@ def load_manifest(root: str | Path) -> Manifest:
     """Read ``root/manifest.json``; a missing or malformed one is a DatasetError."""
     path = Path(root) / MANIFEST_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_bytes()
     except FileNotFoundError:
         raise DatasetError(f"{root}: not a dataset (no {MANIFEST_FILE})") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise DatasetError(f"{path}: unreadable manifest: {exc}") from None
+    return parse_manifest(text, str(path))
+
+
+def parse_manifest(text: bytes | str, where: str) -> Manifest:
+    """The manifest in ``text`` (read from ``where``, which errors name), checked: for
+    readers that fetch the file their own way (object stores)."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise DatasetError(f"{where}: unreadable manifest: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise DatasetError(f"{path}: not a {FORMAT} manifest")
+        raise DatasetError(f"{where}: not a {FORMAT} manifest")
     try:
         return Manifest.from_json(data)
     except (KeyError, TypeError, ValueError) as exc:
-        raise DatasetError(f"{path}: malformed manifest: {exc!r}") from None
+        raise DatasetError(f"{where}: malformed manifest: {exc!r}") from None
 
 
 def write_manifest(root: str | Path, manifest: Manifest) -> None:

@@ -60,8 +60,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Exit codes: 0 passed, 1 failed, 2 the dataset or the reference is not a dataset "
         "(no readable manifest.json).",
     )
-    validate.add_argument("dataset", type=Path, help="dataset directory (manifest.json + shards)")
-    validate.add_argument("--reference", type=Path, help="reference dataset for drift checks")
+    validate.add_argument(
+        "dataset", help="dataset directory (manifest.json + shards), or a URI such as gs://…"
+    )
+    validate.add_argument(
+        "--reference", help="reference dataset (directory or URI) for drift checks"
+    )
     validate.add_argument("--split", default="train", help="split compared for drift")
     validate.add_argument("--json", action="store_true", help="print the report as JSON")
     validate.set_defaults(handler=run_validate)
@@ -71,7 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="summarise a dataset's manifest",
         description="Summarise a dataset: features, splits, record counts and statistics.",
     )
-    show.add_argument("dataset", type=Path, help="dataset directory (manifest.json + shards)")
+    show.add_argument(
+        "dataset", help="dataset directory (manifest.json + shards), or a URI such as gs://…"
+    )
     show.set_defaults(handler=run_show)
 
 
@@ -126,9 +132,9 @@ def run_validate(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from contracts.dataset_manifest import load_manifest
+    from research.data.validate import read_manifest
 
-    manifest = load_manifest(args.dataset)
+    manifest = read_manifest(args.dataset)
     table = Table(title=f"{manifest.name} ({manifest.spec_hash[:12]})")
     table.add_column("feature")
     table.add_column("type")

@@ -13,14 +13,17 @@ shard is that stream as one gzip member, compressed as TensorFlow's ``GZIP`` opt
 does (zlib's default level, memory level 9): the gzip header carries no time or name,
 so a rebuild writes identical bytes, and they are the bytes ``tf.io.TFRecordWriter``
 writes. The writer digests what it writes, so a shard on a remote filesystem need not
-be read back for its manifest entry.
+be read back for its manifest entry; the reader digests what it reads, so checking a
+remote shard against its manifest entry reads it once.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import struct
 import zlib
+from collections.abc import Iterator
 from types import TracebackType
 from typing import IO
 
@@ -116,3 +119,58 @@ class TFRecordWriter:
             self._out.write(chunk)
             self._digest.update(chunk)
             self.num_bytes += len(chunk)
+
+
+class CorruptRecordError(ValueError):
+    """A TFRecord stream that breaks off or fails a checksum: records before it are sound."""
+
+
+class DigestingReader:
+    """A binary stream's bytes, read on, counted and digested (SHA-256) on the way."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+        self._digest = hashlib.sha256()
+        self.num_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self._digest.update(data)
+        self.num_bytes += len(data)
+        return data
+
+    def drain(self) -> None:
+        """Read to the end, so ``num_bytes`` and ``sha256`` cover the whole stream."""
+        while self.read(_CHUNK):
+            pass
+
+    @property
+    def sha256(self) -> str:
+        return self._digest.hexdigest()
+
+
+def read_records(stream: IO[bytes] | DigestingReader, compression: str) -> Iterator[bytes]:
+    """Every record of a TFRecord stream, each checked against its checksums, as
+    TensorFlow's reader checks them; ``CorruptRecordError`` where the stream breaks."""
+    if compression == "gzip":
+        stream = gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[arg-type]
+    try:
+        while header := stream.read(_LENGTH.size + _CRC.size):
+            if len(header) < _LENGTH.size + _CRC.size:
+                raise CorruptRecordError("truncated record at the end of the file")
+            length_bytes, (length_crc,) = (
+                header[: _LENGTH.size],
+                _CRC.unpack(header[_LENGTH.size :]),
+            )
+            if masked_crc32c(length_bytes) != length_crc:
+                raise CorruptRecordError("corrupted record: its length fails its checksum")
+            (length,) = _LENGTH.unpack(length_bytes)
+            record = stream.read(length)
+            footer = stream.read(_CRC.size)
+            if len(record) < length or len(footer) < _CRC.size:
+                raise CorruptRecordError("truncated record at the end of the file")
+            if masked_crc32c(record) != _CRC.unpack(footer)[0]:
+                raise CorruptRecordError("corrupted record: its data fails its checksum")
+            yield record
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:  # gzip: a cut or damaged member
+        raise CorruptRecordError(f"unreadable gzip stream: {exc}") from None

@@ -16,30 +16,42 @@ Two questions, answered separately because they fail differently:
 
 Nothing here raises on bad data: a missing manifest, an unreadable shard or a malformed
 statistics block is a finding in the report, so the CLI can always print a table.
+
+Datasets are read through Beam's ``FileSystems``, as the build writes them, so a dataset
+on an object store (``gs://…``) is checked where it is; each shard is read once, its
+SHA-256 taken on the way.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
-import json
 import math
-import re
+import os
+import posixpath
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from PIL import Image
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from contracts.dataset_manifest import DatasetError, Manifest, ShardInfo, load_manifest
-from contracts.digests import file_sha256
+from contracts.dataset_manifest import (
+    MANIFEST_FILE,
+    DatasetError,
+    Manifest,
+    ShardInfo,
+    parse_manifest,
+)
 from contracts.features import FeatureSpec, parsing_spec
+from research.data import filesystems
 from research.data.rejects import DROPPED_FILE, QUARANTINE_FILE, read_entries
 from research.data.report import REPORT_FILE
+from research.data.tfrecord_files import CorruptRecordError, DigestingReader, read_records
 
 READ_BATCH = 512
 LISTED_RECORDS = 5  # record indices named per finding before "and N more"
@@ -132,12 +144,33 @@ class ValidationReport:
 
 def verify_dataset(dataset_dir: str | Path) -> list[Problem]:
     """Every way the directory disagrees with its manifest, in manifest order."""
-    return _verify(Path(dataset_dir))[1]
+    return _verify(os.fspath(dataset_dir))[1]
 
 
-def _verify(root: Path) -> tuple[Manifest | None, list[Problem]]:
+def read_manifest(root: str | Path) -> Manifest:
+    """The manifest of the dataset at ``root`` (a path or a URI); DatasetError when there
+    is none or it is unreadable."""
+    path = filesystems.join(os.fspath(root), MANIFEST_FILE)
     try:
-        manifest = load_manifest(root)
+        text = filesystems.read_bytes(path)
+    except FileNotFoundError:
+        raise DatasetError(f"{root}: not a dataset (no {MANIFEST_FILE})") from None
+    except OSError as exc:
+        if not filesystems.exists(path):
+            raise DatasetError(f"{root}: not a dataset (no {MANIFEST_FILE})") from None
+        raise DatasetError(f"{path}: unreadable manifest: {exc}") from None
+    return parse_manifest(text, path)
+
+
+def _inside(relative: str) -> bool:
+    """Whether a manifest's relative path stays within the dataset directory."""
+    parts = posixpath.normpath(relative.replace("\\", "/")).split("/")
+    return not relative.startswith("/") and ":" not in parts[0] and ".." not in parts
+
+
+def _verify(root: str) -> tuple[Manifest | None, list[Problem]]:
+    try:
+        manifest = read_manifest(root)
     except DatasetError as exc:
         return None, [Problem("error", "manifest", str(exc))]
     problems = [*_check_manifest(root, manifest), *_check_build_logs(root, manifest)]
@@ -150,8 +183,8 @@ def _verify(root: Path) -> tuple[Manifest | None, list[Problem]]:
     return manifest, problems
 
 
-def _check_manifest(root: Path, manifest: Manifest) -> Iterator[Problem]:
-    where = root / "manifest.json"
+def _check_manifest(root: str, manifest: Manifest) -> Iterator[Problem]:
+    where = filesystems.join(root, MANIFEST_FILE)
     if manifest.compression not in COMPRESSIONS:
         yield Problem(
             "error",
@@ -193,33 +226,36 @@ def _check_manifest(root: Path, manifest: Manifest) -> Iterator[Problem]:
             )
 
 
-def _tokenizer_issue(root: Path, spec: FeatureSpec) -> str | None:
+def _tokenizer_issue(root: str, spec: FeatureSpec) -> str | None:
     """What keeps a text feature's sentencepiece model from being used, if anything."""
     if not spec.tokenizer_file:
         return None
-    path = root / spec.tokenizer_file
-    if not path.is_file():
+    if not _inside(spec.tokenizer_file):
+        return f"tokenizer file {spec.tokenizer_file} leaves the dataset directory"
+    try:
+        model = filesystems.read_bytes(filesystems.join(root, spec.tokenizer_file))
+    except OSError:
         return f"tokenizer file {spec.tokenizer_file} is missing"
-    if spec.tokenizer_sha256 and file_sha256(path) != spec.tokenizer_sha256:
+    if spec.tokenizer_sha256 and hashlib.sha256(model).hexdigest() != spec.tokenizer_sha256:
         return f"tokenizer file {spec.tokenizer_file} does not match its SHA-256"
     return None
 
 
-def _check_build_logs(root: Path, manifest: Manifest) -> Iterator[Problem]:
+def _check_build_logs(root: str, manifest: Manifest) -> Iterator[Problem]:
     """The build's report and logs: present, readable, and counting what the shards hold."""
-    report_path = root / REPORT_FILE
-    try:
-        report = json.loads(report_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        report = None
+    report_path = filesystems.join(root, REPORT_FILE)
+    report = None
+    if not filesystems.exists(report_path):
         yield Problem("error", "report", f"{report_path}: missing")
-    except (OSError, ValueError) as exc:
-        report = None
-        yield Problem("error", "report", f"{report_path}: unreadable: {exc}")
+    else:
+        try:
+            report = filesystems.read_json(report_path)
+        except (OSError, ValueError) as exc:
+            yield Problem("error", "report", f"{report_path}: unreadable: {exc}")
     logs = {}
     for name in (QUARANTINE_FILE, DROPPED_FILE):
         try:
-            logs[name] = read_entries(root / name)
+            logs[name] = read_entries(filesystems.join(root, name))
         except DatasetError as exc:
             yield Problem("error", "rejects", str(exc))
     if report is None:
@@ -238,7 +274,8 @@ def _check_build_logs(root: Path, manifest: Manifest) -> Iterator[Problem]:
             yield Problem(
                 "error",
                 "rejects",
-                f"{root / name}: {len(entries)} lines, {REPORT_FILE} counts {expected[name]}",
+                f"{filesystems.join(root, name)}: {len(entries)} lines, "
+                f"{REPORT_FILE} counts {expected[name]}",
             )
     held = {name: split.num_records for name, split in manifest.splits.items()}
     if written != held:
@@ -264,33 +301,36 @@ def _feature_spec_issue(spec: FeatureSpec) -> str | None:
 
 
 def _verify_shard(
-    root: Path, manifest: Manifest, split: str, shard: ShardInfo, checker: _ExampleChecker
+    root: str, manifest: Manifest, split: str, shard: ShardInfo, checker: _ExampleChecker
 ) -> list[Problem]:
     label = f"{split} shard {shard.path}"
-    path = root / shard.path
-    if not path.resolve().is_relative_to(root.resolve()):
+    if not _inside(shard.path):
         return [Problem("error", "shard.path", f"{label}: path leaves the dataset directory")]
-    if not path.is_file():
+    path = filesystems.join(root, shard.path)
+    if not filesystems.exists(path) or filesystems.is_folder(path):
         return [Problem("error", "shard.missing", f"{label}: listed in the manifest, not on disk")]
+    findings = _Findings(label)
+    with filesystems.open_for_read(path) as handle:
+        stream = DigestingReader(handle)
+        read_error = _read_shard(stream, manifest.compression, checker, findings)
+        stream.drain()
     problems = []
-    size = path.stat().st_size
-    if size != shard.num_bytes:
+    if stream.num_bytes != shard.num_bytes:
         problems.append(
             Problem(
-                "error", "shard.size", f"{label}: {size} bytes, manifest says {shard.num_bytes}"
+                "error",
+                "shard.size",
+                f"{label}: {stream.num_bytes} bytes, manifest says {shard.num_bytes}",
             )
         )
-    digest = file_sha256(path)
-    if digest != shard.sha256:
+    if stream.sha256 != shard.sha256:
         problems.append(
             Problem(
                 "error",
                 "shard.checksum",
-                f"{label}: SHA-256 {digest} does not match the manifest's {shard.sha256}",
+                f"{label}: SHA-256 {stream.sha256} does not match the manifest's {shard.sha256}",
             )
         )
-    findings = _Findings(label)
-    read_error = _read_shard(path, manifest.tfrecord_compression, checker, findings)
     problems.extend(findings.problems())
     if read_error is not None:
         problems.append(
@@ -312,33 +352,24 @@ def _verify_shard(
 
 
 def _read_shard(
-    path: Path, compression: str, checker: _ExampleChecker, findings: _Findings
+    stream: IO[bytes] | DigestingReader,
+    compression: str,
+    checker: _ExampleChecker,
+    findings: _Findings,
 ) -> str | None:
-    """Check every record in batches; the TFRecord reader's error if the file breaks off."""
-    import tensorflow as tf
-
-    records = tf.data.TFRecordDataset(str(path), compression_type=compression)
+    """Check every record in batches; why the file breaks off, if it does."""
+    batch: list[bytes] = []
     try:
-        for batch in records.batch(READ_BATCH):
-            checker.check_batch(batch, findings)
-        return None
-    except tf.errors.OpError as exc:
-        error = exc
-    # The broken batch is lost whole; re-read its records one at a time so the report
-    # says exactly how many records are readable and checks each of them.
-    try:
-        for batch in records.skip(findings.num_records).batch(1):
-            checker.check_batch(batch, findings)
-    except tf.errors.OpError as exc:
-        error = exc
-    return _tf_message(error)
-
-
-def _tf_message(error: Exception) -> str:
-    """A TensorFlow error without the graph plumbing it is wrapped in."""
-    message = getattr(error, "message", str(error))
-    message = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", message)
-    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", message, flags=re.DOTALL).strip()
+        for record in read_records(stream, compression):
+            batch.append(record)
+            if len(batch) == READ_BATCH:
+                checker.check_batch(batch, findings)
+                batch = []
+    except CorruptRecordError as exc:
+        checker.check_batch(batch, findings)
+        return str(exc)
+    checker.check_batch(batch, findings)
+    return None
 
 
 class _Findings:
@@ -386,12 +417,14 @@ class _ExampleChecker:
         self._parse_proto = example_pb2.Example.FromString
         self._decode_error = DecodeError
 
-    def check_batch(self, batch: Any, findings: _Findings) -> None:
+    def check_batch(self, batch: list[bytes], findings: _Findings) -> None:
         """Check records one by one, then make sure the reader's own parser agrees."""
         import tensorflow as tf
 
+        if not batch:
+            return
         first = findings.num_records
-        serialized = batch.numpy()
+        serialized = batch
         found_error = False
         for offset, record in enumerate(serialized):
             for severity, check, detail in self.check(record):
@@ -401,7 +434,7 @@ class _ExampleChecker:
         if found_error:
             return  # the reader would fail for reasons already named
         try:
-            tf.io.parse_example(batch, self.parsing_spec)
+            tf.io.parse_example(tf.constant(batch, tf.string), self.parsing_spec)
         except tf.errors.OpError as exc:
             findings.add(
                 "error", "example.parse", f"tf.io.parse_example fails: {exc.message}", first
@@ -695,7 +728,7 @@ def validate_dataset(
     thresholds: DriftThresholds = DriftThresholds(),
 ) -> ValidationReport:
     """Verify a dataset and, given a reference dataset, check ``split`` for drift."""
-    manifest, problems = _verify(Path(dataset_dir))
+    manifest, problems = _verify(os.fspath(dataset_dir))
     report = ValidationReport(
         dataset_dir=str(dataset_dir),
         reference_dir=None if reference_dir is None else str(reference_dir),
@@ -707,7 +740,7 @@ def validate_dataset(
     if reference_dir is None or manifest is None:
         return report
     try:
-        reference = load_manifest(reference_dir)
+        reference = read_manifest(reference_dir)
     except DatasetError as exc:
         report.not_datasets.append(str(reference_dir))
         report.problems.append(

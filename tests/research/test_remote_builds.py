@@ -3,6 +3,7 @@ Beam's FileSystems, on a filesystem that is not the local disk and has no folder
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -121,3 +122,22 @@ def test_overwrite_on_a_bucket_replaces_every_file_and_a_refused_build_touches_n
     after = dataset_files(bucket, destination)
     assert "train-00007-of-00009.tfrecord" not in after
     assert after.keys() == before.keys() - {"train-00007-of-00009.tfrecord"}
+
+
+def test_a_dataset_in_a_bucket_validates_and_shows_where_it_is(
+    bucket: dict[str, bytes], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from research.data.cli import run_show
+    from research.data.validate import validate_dataset
+
+    remote = build_dataset(spec(BUCKET), f"{BUCKET}/datasets/remote")
+    assert validate_dataset(remote.output_dir).ok
+    run_show(argparse.Namespace(dataset=remote.output_dir))
+    assert "remote" in capsys.readouterr().out
+
+    shard = next(path for path in bucket if path.endswith(".tfrecord"))
+    bucket[shard] = bucket[shard][:-3]
+    checks = {problem.check for problem in validate_dataset(remote.output_dir).errors}
+    assert {"shard.size", "shard.checksum", "shard.unreadable"} <= checks
+    del bucket[f"{remote.output_dir}/{MANIFEST_FILE}"]
+    assert validate_dataset(remote.output_dir).not_datasets == [remote.output_dir]

@@ -14,7 +14,12 @@ import tensorflow as tf
 
 from contracts.dataset_manifest import load_manifest
 from research.data.shards import write_shard
-from research.data.tfrecord_files import TFRecordWriter
+from research.data.tfrecord_files import (
+    CorruptRecordError,
+    DigestingReader,
+    TFRecordWriter,
+    read_records,
+)
 from tests.research.data_fixtures import (
     all_examples,
     tabular_rows,
@@ -105,6 +110,41 @@ def test_tensorflows_reader_catches_any_flipped_bit(tmp_path: Path, compression:
             continue
         missed.append(position)
     assert missed == []
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_the_reader_reads_what_tensorflow_wrote_and_digests_it(
+    tmp_path: Path, compression: str
+) -> None:
+    written = tf_written(tmp_path / "tf.tfrecord", RECORDS, compression)
+    stream = DigestingReader(io.BytesIO(written))
+    assert list(read_records(stream, compression)) == RECORDS
+    stream.drain()
+    assert (stream.num_bytes, stream.sha256) == (len(written), hashlib.sha256(written).hexdigest())
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_the_reader_refuses_any_flipped_bit_and_any_cut_as_tensorflow_does(
+    tmp_path: Path, compression: str
+) -> None:
+    records = [b"", b"abc", "naïve".encode() * 5]
+    written = ours(records, compression)
+    first = GZIP_HEADER_SIZE if compression == "gzip" else 0
+
+    def read(data: bytes) -> list[bytes]:
+        read_back: list[bytes] = []
+        with pytest.raises(CorruptRecordError):
+            read_back.extend(read_records(io.BytesIO(data), compression))
+        return read_back
+
+    for position in range(first, len(written)):
+        corrupt = bytearray(written)
+        corrupt[position] ^= 0x01
+        assert records[: len(read(bytes(corrupt)))] == read(bytes(corrupt))
+    for length in range(1, len(written)):
+        if compression == "none" and length in (12 + 4, 2 * 12 + 3 + 2 * 4):
+            continue  # a cut between records leaves a shorter, sound file
+        assert records[: len(read(written[:length]))] == read(written[:length])
 
 
 def test_an_unknown_compression_is_refused() -> None:
