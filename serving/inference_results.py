@@ -110,6 +110,11 @@ def _class_scores(
     candidates = {k: v for k, v in outputs.items() if not _holds_names(k, outputs)}
     name = _pick_output(candidates, manifest, SCORES_OUTPUT, "classification", _is_scores)
     scores = np.asarray(outputs[name])
+    if scores.ndim == 0:
+        # A scalar answer (a model whose input is a scalar) has no rows to classify.
+        raise FailedPrecondition(
+            f"output {name!r} is a scalar; classification needs scores per example"
+        )
     if scores.ndim == 1:
         scores = scores[:, None]
     rows = scores.shape[0] if examples is None else examples

@@ -104,6 +104,20 @@ def dtype_name(dtype: np.dtype) -> str:
         return str(dtype)
 
 
+# TensorFlow's ``DataTypeString`` differs from its Python names for three types.
+_TF_TYPE_STRING = {1: "float", 2: "double", 19: "half"}
+
+
+def tf_type_name(dtype: np.dtype) -> str:
+    """TensorFlow's C++ name for a dtype (``float``, ``double``, ``int32``), as its own
+    messages print it; TensorFlow Serving's errors quote these."""
+    try:
+        info = dtype_info(dtype)
+    except ValueError:
+        return str(dtype)
+    return _TF_TYPE_STRING.get(info.enum, info.name)
+
+
 def shape_text(shape: tuple[int | None, ...] | None) -> str:
     """``[-1, 8, 8, 1]``: a shape as TensorFlow Serving and slipway.json print it."""
     if shape is None:

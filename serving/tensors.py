@@ -8,6 +8,13 @@ than the shape broadcast their last value, ``{"b64": ...}`` carries binary strin
 output tensors whose names end in ``_bytes`` are written back as ``{"b64": ...}``. Every
 malformed input raises ``InvalidArgument`` naming the tensor.
 
+A proto's declared shape is judged before its values are read: against the signature
+when the caller passes it (``protos_to_inputs``), and always against what numpy can
+hold. Repeating a few values to fill a shape is capped at ``MAX_TENSOR_BYTES`` (the
+largest message the server accepts); one repeated value is a broadcast view that
+costs nothing until ``validate_inputs`` has checked it against the signature. JSON
+numbers take the signature's dtype as ``json_tensor.cc`` gives it to them.
+
 Importing the ``TensorProto`` class loads the ``tensorflow`` package (the protos live
 in it); nothing else from TensorFlow runs here.
 """
@@ -21,19 +28,23 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 from tensorflow.core.framework.tensor_pb2 import TensorProto
 
 from serving.errors import InvalidArgument
 from serving.signature import STRING, Signature, TensorSpec, dtype_info, dtype_name
+from serving.validation import (
+    MAX_TENSOR_BYTES,
+    argument_numbers,
+    check_declared,
+    check_names,
+    check_size,
+)
 
-# A proto with a handful of values and a huge shape expands by broadcasting; refuse
-# expansions beyond this instead of exhausting memory (tensor_content is already
-# bounded by the gRPC message size).
-MAX_TENSOR_BYTES = 1 << 30
 BYTES_SUFFIX = "_bytes"
 _LITTLE_ENDIAN = sys.byteorder == "little"
+# The most dimensions a numpy array can have (TensorFlow allows 254).
+MAX_RANK = 64
 
 # DataType -> the TensorProto field TensorFlow stores its values in when not packed.
 _VALUE_FIELD = {
@@ -64,11 +75,46 @@ def _label(name: str | None, kind: str = "input") -> str:
 # -- TensorProto ------------------------------------------------------------------------
 
 
+def protos_to_inputs(
+    protos: Mapping[str, TensorProto],
+    signature: Signature,
+    *,
+    max_bytes: int = MAX_TENSOR_BYTES,
+) -> dict[str, np.ndarray]:
+    """A Predict request's inputs, each checked against ``signature`` before it is decoded.
+
+    Names, shapes (rank and fixed dimensions) and dtypes are judged from the protos'
+    headers, so a request that declares a huge tensor and sends one value is refused
+    before anything is allocated; ``max_bytes`` (the server's largest message) caps
+    what the values a request does send may be repeated to fill.
+    """
+    check_names(protos, signature)
+    args = argument_numbers(signature)
+    return {
+        name: tensor_proto_to_numpy(
+            protos[name], name, spec=spec, arg=args[name], max_bytes=max_bytes
+        )
+        for name, spec in signature.inputs.items()
+    }
+
+
 def tensor_proto_to_numpy(
-    proto: TensorProto, name: str | None = None, *, kind: str = "input"
+    proto: TensorProto,
+    name: str | None = None,
+    *,
+    kind: str = "input",
+    spec: TensorSpec | None = None,
+    arg: int = 0,
+    max_bytes: int = MAX_TENSOR_BYTES,
 ) -> np.ndarray:
     """The array a ``TensorProto`` describes; ``kind`` and ``name`` ("input 'image'")
     only label error messages.
+
+    With ``spec``, the declared shape and dtype must fit it (``arg`` numbers the input
+    in TensorFlow's dtype message), checked before any value is read. A proto with
+    fewer values than its shape repeats its last one (TensorFlow's rule) only up to
+    ``max_bytes`` in all; a single repeated value, or none, is a read-only broadcast
+    view that costs no memory until ``validate_inputs`` writes it out.
 
     Numeric arrays built from ``tensor_content`` are read-only views of the request
     bytes (no copy); copy before writing into them.
@@ -78,19 +124,14 @@ def tensor_proto_to_numpy(
         info = dtype_info(proto.dtype)
     except ValueError:
         raise InvalidArgument(f"{label}: unsupported dtype {_enum_text(proto.dtype)}") from None
-    if proto.tensor_shape.unknown_rank:
-        raise InvalidArgument(f"{label}: the shape must be known (unknown_rank is set)")
-    shape = tuple(d.size for d in proto.tensor_shape.dim)
-    if any(d < 0 for d in shape):
-        raise InvalidArgument(f"{label}: negative dimension in shape {list(shape)}")
+    shape = _declared_shape(proto, info.numpy, label)
+    if spec is not None:
+        check_declared(spec, info.numpy, shape, arg)
     count = math.prod(shape)
-    if count * max(info.numpy.itemsize, 1) > MAX_TENSOR_BYTES:
-        raise InvalidArgument(
-            f"{label}: shape {list(shape)} {info.name} is larger than {MAX_TENSOR_BYTES} bytes"
-        )
     if info.numpy is STRING:
         if proto.tensor_content:
             raise InvalidArgument(f"{label}: string tensors cannot use tensor_content")
+        _check_expansion(len(proto.string_val), count, info.numpy, shape, label, max_bytes)
         return _strings_from_values(proto.string_val, count, shape, label)
     if proto.tensor_content:
         content = proto.tensor_content
@@ -104,7 +145,48 @@ def tensor_proto_to_numpy(
         if not _LITTLE_ENDIAN:
             array = array.byteswap()
         return array.reshape(shape)
+    given = len(getattr(proto, _VALUE_FIELD[info.enum]))
+    if info.enum in _COMPLEX_PART:
+        given //= 2
+    _check_expansion(given, count, info.numpy, shape, label, max_bytes)
     return _numbers_from_values(proto, info.enum, info.numpy, count, shape, label)
+
+
+def _declared_shape(proto: TensorProto, dtype: np.dtype, label: str) -> tuple[int, ...]:
+    """The proto's shape, if an array can have it: known rank, at most ``MAX_RANK``
+    dimensions, none negative, and a size numpy can address (even when another
+    dimension is 0, numpy refuses shapes whose other dimensions overflow)."""
+    if proto.tensor_shape.unknown_rank:
+        raise InvalidArgument(f"{label}: the shape must be known (unknown_rank is set)")
+    dims = proto.tensor_shape.dim
+    if len(dims) > MAX_RANK:
+        raise InvalidArgument(
+            f"{label}: the shape has {len(dims)} dimensions; at most {MAX_RANK} are supported"
+        )
+    shape = tuple(d.size for d in dims)
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"{label}: negative dimension in shape {list(shape)}")
+    addressable = math.prod(d for d in shape if d) * max(dtype.itemsize, 1)
+    if addressable > np.iinfo(np.intp).max:
+        raise InvalidArgument(
+            f"{label}: shape {list(shape)} is too large: its dimensions multiply to more "
+            "than an array can address"
+        )
+    return shape
+
+
+def _check_expansion(
+    given: int,
+    count: int,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    label: str,
+    max_bytes: int,
+) -> None:
+    """Refuse, before allocating, a proto whose values would be repeated to fill more
+    than ``max_bytes``. Values a request sends in full are already in memory."""
+    if given < count:
+        check_size(label, dtype, shape, max_bytes)
 
 
 def _enum_text(enum: int) -> str:
@@ -113,19 +195,23 @@ def _enum_text(enum: int) -> str:
     return types_pb2.DataType.Name(enum) if enum in types_pb2.DataType.values() else str(enum)
 
 
-def _broadcast(values: np.ndarray, count: int, label: str) -> np.ndarray:
-    """TensorFlow's rule: missing trailing values repeat the last one; none means zeros."""
+def _broadcast(values: np.ndarray, count: int, shape: tuple[int, ...], label: str) -> np.ndarray:
+    """TensorFlow's rule: missing trailing values repeat the last one; none means zeros.
+
+    One value or none becomes a read-only broadcast view (no memory per element).
+    """
     given = len(values)
     if given == count:
-        return values
+        return values.reshape(shape)
     if given > count:
         raise InvalidArgument(f"{label}: {given} values for a shape of {count} elements")
-    if given == 0:
-        return np.zeros(count, dtype=values.dtype)
+    if given <= 1:
+        scalar = values[-1:].reshape(()) if given else np.zeros((), dtype=values.dtype)
+        return np.broadcast_to(scalar, shape)
     full = np.empty(count, dtype=values.dtype)
     full[:given] = values
     full[given:] = values[-1]
-    return full
+    return full.reshape(shape)
 
 
 def _strings_from_values(values: Any, count: int, shape: tuple[int, ...], label: str) -> np.ndarray:
@@ -133,7 +219,7 @@ def _strings_from_values(values: Any, count: int, shape: tuple[int, ...], label:
     flat[:] = list(values)
     if len(values) == 0 and count:
         flat = np.array([b""], dtype=object)
-    return _broadcast(flat, count, label).reshape(shape)
+    return _broadcast(flat, count, shape, label)
 
 
 def _numbers_from_values(
@@ -144,7 +230,7 @@ def _numbers_from_values(
         if len(values) % 2:
             raise InvalidArgument(f"{label}: complex values come in (real, imaginary) pairs")
         parts = np.fromiter(values, dtype=_COMPLEX_PART[enum], count=len(values))
-        return _broadcast(parts.view(dtype), count, label).reshape(shape)
+        return _broadcast(parts.view(dtype), count, shape, label)
     if _VALUE_FIELD[enum] in ("int_val", "half_val"):
         # Narrow integers travel as int32, half floats as their 16 bits in an int32.
         wide = np.fromiter(values, dtype=np.int32, count=len(values))
@@ -156,7 +242,7 @@ def _numbers_from_values(
         parsed = narrow.view(dtype) if enum in (14, 19) else narrow
     else:
         parsed = np.fromiter(values, dtype=dtype, count=len(values))
-    return _broadcast(parsed, count, label).reshape(shape)
+    return _broadcast(parsed, count, shape, label)
 
 
 def numpy_to_tensor_proto(array: Any) -> TensorProto:
@@ -305,8 +391,15 @@ def columnar_to_inputs(inputs: Any, signature: Signature) -> dict[str, np.ndarra
 
 
 def _json_to_array(value: Any, spec: TensorSpec, label: str, *, rows: bool) -> np.ndarray:
-    """A JSON value as an array of the spec's dtype (the signature decides the type,
-    as in TensorFlow Serving)."""
+    """A JSON value as an array of the spec's dtype.
+
+    JSON numbers carry no type, so the signature decides it, as in TensorFlow Serving
+    (``json_tensor.cc``): a float input takes any number (integers too large to be
+    exact lose precision, values beyond the type's range become +/-inf); an integer
+    input takes integer literals only (``1.0`` is a float), in the type's range; a bool
+    input takes ``true``/``false`` only, and ``true`` is not a number to any other input.
+    A scalar (no list) is a tensor of shape ``[]``.
+    """
     if spec.dtype is STRING:
         return _json_strings(value, label, rows)
     try:
@@ -314,25 +407,32 @@ def _json_to_array(value: Any, spec: TensorSpec, label: str, *, rows: bool) -> n
     except (ValueError, OverflowError):
         raise InvalidArgument(_ragged_message(label, rows)) from None
     target = spec.dtype
+    if target.kind == "c":
+        raise InvalidArgument(f"{label}: {dtype_name(target)} tensors cannot be sent as JSON")
     if array.size == 0:
         return array.astype(target)
-    kind = array.dtype.kind
+    types = _leaf_types(value)
     if target.kind == "b":
-        if kind != "b":
-            raise InvalidArgument(f"{label}: expected bools, got {_first_bad(array, _is_bool)}")
+        if types != {bool}:
+            raise InvalidArgument(f"{label}: expected bools, got {_first_bad(value, _is_bool)}")
         return array
     if target.kind in "iu":
-        if kind not in "iu":
-            array = _exact_integers(value, array, label)
+        if not types <= {int}:
+            raise InvalidArgument(
+                f"{label}: expected integers, got {_first_bad(value, _is_integer)}"
+            )
+        if array.dtype.kind not in "iu":
+            array = _exact_integers(value, label)
         limits = np.iinfo(target)
         if array.min() < limits.min or array.max() > limits.max:
             raise InvalidArgument(f"{label}: value out of range for {dtype_name(target)}")
         return array.astype(target)
-    if target.kind == "c":
-        raise InvalidArgument(f"{label}: {dtype_name(target)} tensors cannot be sent as JSON")
-    if kind not in "iuf":
-        raise InvalidArgument(f"{label}: expected numbers, got {_first_bad(array, _is_number)}")
-    return _to_float(array, target, label)
+    if not types <= {int, float}:
+        raise InvalidArgument(f"{label}: expected numbers, got {_first_bad(value, _is_number)}")
+    if array.dtype.kind not in "iuf":
+        array = _wide_floats(value)
+    with np.errstate(over="ignore"):
+        return array.astype(target)
 
 
 def _ragged_message(label: str, rows: bool) -> str:
@@ -341,49 +441,69 @@ def _ragged_message(label: str, rows: bool) -> str:
     return f"{label}: lists at the same level differ in length (a tensor must be rectangular)"
 
 
-def _first_bad(array: np.ndarray, accept: Callable[[Any], bool]) -> str:
-    """The first element a type check refuses, for the error message."""
-    for item in array.ravel().tolist():
-        if not accept(item):
-            return _short(item)
-    return "mixed values"
+def _leaf_types(value: Any) -> set[type]:
+    """The Python types of the values in nested lists (at C speed per innermost list)."""
+    if not isinstance(value, list):
+        return {type(value)}
+    if value and isinstance(value[0], list):
+        found: set[type] = set()
+        for item in value:
+            found |= _leaf_types(item)
+        return found
+    return set(map(type, value))
+
+
+def _first_bad(value: Any, accept: Callable[[Any], bool]) -> str:
+    """The first value a type check refuses, for the error message."""
+    found = _refused(value, accept)
+    return "mixed values" if found is _NOTHING else _short(found)
+
+
+_NOTHING = object()
+
+
+def _refused(value: Any, accept: Callable[[Any], bool]) -> Any:
+    if isinstance(value, list):
+        for item in value:
+            found = _refused(item, accept)
+            if found is not _NOTHING:
+                return found
+        return _NOTHING
+    return _NOTHING if accept(value) else value
 
 
 def _is_bool(item: Any) -> bool:
     return isinstance(item, bool)
 
 
+def _is_integer(item: Any) -> bool:
+    return type(item) is int
+
+
 def _is_number(item: Any) -> bool:
-    return isinstance(item, (int, float)) and not isinstance(item, bool)
+    return type(item) in (int, float)
 
 
-def _exact_integers(value: Any, array: np.ndarray, label: str) -> np.ndarray:
-    """Integers numpy could not keep exact (a mix of huge and negative values) or that
-    are not integers at all; JSON ``1.0`` is a float, not an integer, in TF Serving."""
+def _exact_integers(value: Any, label: str) -> np.ndarray:
+    """Integers numpy could not keep exact: a mix of huge and negative values."""
     objects = np.array(value, dtype=object)
-    for item in objects.ravel().tolist():
-        if isinstance(item, bool) or not isinstance(item, int):
-            raise InvalidArgument(f"{label}: expected integers, got {_short(item)}")
     try:
         return objects.astype(np.int64 if min(objects.ravel()) < 0 else np.uint64)
     except (OverflowError, ValueError):
         raise InvalidArgument(f"{label}: value out of range for 64-bit integers") from None
 
 
-def _to_float(array: np.ndarray, target: np.dtype, label: str) -> np.ndarray:
-    finfo = ml_dtypes.finfo(target)
-    if array.dtype.kind in "iu" and target.itemsize >= 4:
-        # TensorFlow Serving refuses integers the float type cannot hold exactly.
-        exact = 1 << (finfo.nmant + 1)
-        if array.max() > exact or array.min() < -exact:
-            raise InvalidArgument(
-                f"{label}: integer too large for {dtype_name(target)} without loss of precision"
-            )
-    elif array.dtype.kind == "f" and target.itemsize < array.dtype.itemsize:
-        finite = array[np.isfinite(array)]
-        if finite.size and np.abs(finite).max() > float(finfo.max):
-            raise InvalidArgument(f"{label}: value out of range for {dtype_name(target)}")
-    return array.astype(target)
+def _wide_floats(value: Any) -> np.ndarray:
+    """Numbers numpy kept as Python objects (integers beyond 64 bits) as float64;
+    an integer beyond float64's range is +/-inf, as a JSON parser reads it."""
+    objects = np.array(value, dtype=object)
+    flat = np.empty(objects.size, dtype=np.float64)
+    for index, item in enumerate(objects.ravel().tolist()):
+        try:
+            flat[index] = float(item)
+        except OverflowError:
+            flat[index] = math.inf if item > 0 else -math.inf
+    return flat.reshape(objects.shape)
 
 
 def _json_strings(value: Any, label: str, rows: bool) -> np.ndarray:

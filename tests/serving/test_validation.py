@@ -1,4 +1,4 @@
-"""Request tensors against a signature: names, safe casts, shapes, batch size, messages."""
+"""Request tensors against a signature: names, exact types, shapes, batch size, messages."""
 
 from __future__ import annotations
 
@@ -58,31 +58,78 @@ def test_missing_and_unknown_names() -> None:
 
 
 @pytest.mark.parametrize(
-    ("image_dtype", "extra_dtype"),
-    [(np.int32, np.int64), (np.uint8, np.int8), (np.int64, np.uint32), (np.float16, np.int16)],
-)
-def test_lossless_casts_are_applied(image_dtype: type, extra_dtype: type) -> None:
+    ("name", "value", "message"),
+    [
+        ("image", np.ones((2, 8, 8, 1), np.int32), "Expects arg[1] to be float but int32 is provided"),
+        ("image", np.ones((2, 8, 8, 1), np.float64), "Expects arg[1] to be float but double is provided"),
+        ("image", np.ones((2, 8, 8, 1), np.float16), "Expects arg[1] to be float but half is provided"),
+        ("image", np.ones((2, 8, 8, 1), np.bool_), "Expects arg[1] to be float but bool is provided"),
+        ("extra", np.ones((2, 3), np.int32), "Expects arg[0] to be int64 but int32 is provided"),
+        ("extra", np.ones((2, 3), np.float32), "Expects arg[0] to be int64 but float is provided"),
+        ("extra", np.ones((2, 3), np.uint64), "Expects arg[0] to be int64 but uint64 is provided"),
+        ("extra", np.array([["a", "b", "c"]] * 2), "Expects arg[0] to be int64 but string is provided"),
+    ],
+)  # fmt: skip
+def test_types_must_match_exactly_as_in_tensorflow_serving(
+    name: str, value: np.ndarray, message: str
+) -> None:
+    """No cast, not even a widening one: TF Serving feeds the tensor as sent."""
+    got = refused(good() | {name: value})
+    assert got.startswith(message + " (")
+    assert f"input {name!r}: expected {SIGNATURE.inputs[name].describe()}, got " in got
+
+
+def test_argument_numbers_follow_the_sorted_graph_tensor_names() -> None:
+    signature = Signature(
+        "s",
+        {
+            "a": TensorSpec("a", np.dtype(np.float32), (None,), "serving_default_z:0"),
+            "b": TensorSpec("b", np.dtype(np.float32), (None,), "serving_default_b:0"),
+        },
+        {},
+    )
+    inputs = {"a": np.zeros(1, np.float32), "b": np.zeros(1, np.float32)}
+    assert refused(inputs | {"a": np.zeros(1, np.int32)}, signature).startswith(
+        "Expects arg[1] to be float but int32 is provided"
+    )
+    assert refused(inputs | {"b": np.zeros(1, np.int8)}, signature).startswith(
+        "Expects arg[0] to be float but int8 is provided"
+    )
+
+
+def test_the_other_byte_order_is_the_same_type() -> None:
     inputs = {
-        "image": np.ones((2, 8, 8, 1), image_dtype),
-        "extra": np.full((2, 3), 7, extra_dtype),
+        "image": np.ones((2, 8, 8, 1), ">f4"),
+        "extra": np.full((2, 3), 7, ">i8"),
     }
     checked = validate_inputs(inputs, SIGNATURE)
     assert checked["image"].dtype == np.float32 and checked["extra"].dtype == np.int64
     assert checked["image"].sum() == 128 and checked["extra"].sum() == 42
 
 
-@pytest.mark.parametrize(
-    ("name", "value", "got"),
-    [
-        ("image", np.zeros((2, 8, 8, 1), np.float64), "float64 [2, 8, 8, 1]"),
-        ("image", np.zeros((2, 8, 8, 1), np.bool_), "bool [2, 8, 8, 1]"),
-        ("extra", np.zeros((2, 3), np.float32), "float32 [2, 3]"),
-        ("extra", np.zeros((2, 3), np.uint64), "uint64 [2, 3]"),
-        ("extra", np.array([["a", "b", "c"]] * 2), "string [2, 3]"),
-    ],
-)
-def test_lossy_casts_are_refused(name: str, value: np.ndarray, got: str) -> None:
-    assert refused(good() | {name: value}).endswith(f", got {got}")
+def test_repeated_values_are_written_out_once_they_fit() -> None:
+    inputs = {
+        "image": np.broadcast_to(np.float32(0.5), (2, 8, 8, 1)),
+        "extra": np.broadcast_to(np.int64(3), (2, 3)),
+    }
+    checked = validate_inputs(inputs, SIGNATURE)
+    assert checked["image"].flags.c_contiguous and checked["image"].sum() == 64
+    assert checked["extra"].tolist() == [[3, 3, 3], [3, 3, 3]]
+
+
+def test_repeated_values_beyond_the_message_size_are_refused() -> None:
+    signature = Signature("s", {"x": TensorSpec("x", np.dtype(np.float32), (None, 1024))}, {})
+    huge = {"x": np.broadcast_to(np.float32(1), (1 << 20, 1024))}
+    assert refused(huge, signature) == (
+        "input 'x': shape [1048576, 1024] float32 is larger than 67108864 bytes, the largest "
+        "message this server accepts; send fewer elements"
+    )
+    with pytest.raises(InvalidArgument, match="larger than 4096 bytes"):
+        validate_inputs({"x": np.broadcast_to(np.float32(1), (2, 1024))}, signature, max_bytes=4096)
+    # A shape the signature refuses is refused as such, whatever its size.
+    assert refused({"x": np.broadcast_to(np.float32(1), (1 << 20, 1023))}, signature) == (
+        "input 'x': expected float32 [-1, 1024], got float32 [1048576, 1023]"
+    )
 
 
 @pytest.mark.parametrize(
@@ -123,5 +170,6 @@ def test_strings_become_bytes() -> None:
     message = refused({"text": np.array([b"a", 3], dtype=object)}, signature)
     assert message == "input 'text': expected string [-1], got an element of type int"
     assert refused({"text": np.zeros(2)}, signature) == (
-        "input 'text': expected string [-1], got float64 [2]"
+        "Expects arg[0] to be string but double is provided "
+        "(input 'text': expected string [-1], got float64 [2])"
     )
