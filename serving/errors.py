@@ -8,6 +8,8 @@ TensorFlow Serving's REST API and Google's API design guide use for these codes.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import ClassVar
 
 import grpc
@@ -169,3 +171,75 @@ def as_serving_error(
         message = getattr(exc, "message", None) or str(exc)
         return ServingError.for_code(_BY_NUMBER[number], message)
     return ServingError.for_code(default, f"{type(exc).__name__}: {exc}")
+
+
+class ClientDisconnected(ServingError):
+    """The client went away before its request was read or answered (not a server fault).
+
+    Nobody receives the answer; the status (``CANCELLED``, HTTP 499 as nginx logs it) is
+    for the access log and metrics only.
+    """
+
+    grpc_code = grpc.StatusCode.CANCELLED
+
+    def __init__(self, message: str = "the client closed the connection") -> None:
+        super().__init__(grpc.StatusCode.CANCELLED, message)
+
+
+# -- what a client may see -------------------------------------------------------------------
+
+# Client input echoed in a message (a model name, a label, a path) is cut to this many
+# characters: a 10k-character model name must not come back 10k characters long.
+MAX_ECHO_CHARS = 100
+# The longest message a client gets, whatever it holds (a last guard).
+MAX_CLIENT_MESSAGE_CHARS = 4096
+ELLIPSIS = "…"
+
+# An absolute filesystem path of at least two components (``/srv/models/digits``), not
+# the tail of a URL (``http://host/x``) nor one of the gateway's own REST paths.
+_ABSOLUTE_PATH = re.compile(
+    r"(?<![\w.~:/>-])/(?!v1/|admin/)(?:[^\s/'\"`:,;()\[\]{}<>|]+/)+[^\s/'\"`:,;()\[\]{}<>|]*"
+)
+# Where a path ends: the next character cannot continue a file name.
+_PATH_END = r"(?![^\s/'\"`:,;()\[\]{}<>|])"
+# A run of non-blank characters too long to be anything but echoed input.
+_LONG_TOKEN = re.compile(rf"\S{{{MAX_ECHO_CHARS + 1},}}")
+_CLOSING = re.compile(r"[\"'`)\]}>,;:.]{1,3}$")
+SERVER_PATH = "<server path>"
+
+
+def shorten(text: str, limit: int = MAX_ECHO_CHARS) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis (client input in messages)."""
+    return text if len(text) <= limit else text[:limit] + ELLIPSIS
+
+
+def echo(value: object, limit: int = MAX_ECHO_CHARS) -> str:
+    """``repr(value)`` for a message, cut to ``limit`` characters, closing quote kept."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    closing = text[-1] if text[:1] in ("'", '"') and text[-1] == text[0] else ""
+    return text[:limit] + ELLIPSIS + closing
+
+
+def _shorten_token(match: re.Match[str]) -> str:
+    token = match.group()
+    closing = _CLOSING.search(token)
+    return token[:MAX_ECHO_CHARS] + ELLIPSIS + (closing.group() if closing else "")
+
+
+def client_message(message: str, roots: Sequence[tuple[str, str]] = ()) -> str:
+    """``message`` as a client may see it: no filesystem path of the server, no echo of
+    client input longer than ``MAX_ECHO_CHARS``, at most ``MAX_CLIENT_MESSAGE_CHARS``.
+
+    ``roots`` are ``(directory, name)`` pairs: a path under ``directory`` keeps its part
+    below it, written under ``name`` (``<model root>/digits/1``), so the client still
+    learns which version is broken; any other absolute path becomes ``<server path>``.
+    """
+    for directory, name in sorted(roots, key=lambda pair: len(pair[0]), reverse=True):
+        if directory and directory != "/":
+            pattern = re.escape(directory.rstrip("/")) + _PATH_END
+            message = re.sub(pattern, lambda _match, name=name: name, message)
+    message = _ABSOLUTE_PATH.sub(SERVER_PATH, message)
+    message = _LONG_TOKEN.sub(_shorten_token, message)
+    return shorten(message, MAX_CLIENT_MESSAGE_CHARS)

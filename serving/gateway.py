@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from serving.errors import (
     NotFound,
     ServingError,
     Unavailable,
+    client_message,
+    echo,
 )
 from serving.example_inputs import examples_to_inputs
 from serving.feedback import FeedbackStore
@@ -63,8 +66,10 @@ logger = logging.getLogger(__name__)
 SHADOW_TIMEOUT_S = 10.0
 
 # Inputs are decoded against the signature of the version the request is routed to
-# (REST JSON needs its dtypes); gRPC tensors carry their own and ignore it.
-InputSource = Callable[[Signature], Mapping[str, np.ndarray]]
+# (REST JSON needs its dtypes); gRPC tensors carry their own and ignore it. A source may
+# return an awaitable (REST decodes large bodies in a worker process).
+Inputs = Mapping[str, np.ndarray]
+InputSource = Callable[[Signature], Inputs | Awaitable[Inputs]]
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,23 @@ class Gateway:
             loaded=loaded,
         )
 
+    # -- what clients see ----------------------------------------------------------------
+
+    def client_message(self, message: str, *, log: bool = True) -> str:
+        """``message`` without the server's paths or overlong echoes of client input (see
+        ``serving.errors.client_message``); with ``log`` the full message is logged here
+        (a version's load error, shown by GetModelStatus, was logged when it failed)."""
+        root = str(self.model_root)
+        roots = [(root, "<model root>")]
+        with contextlib.suppress(OSError, RuntimeError):
+            roots.append((str(self.model_root.resolve()), "<model root>"))
+        with contextlib.suppress(OSError, RuntimeError):
+            roots.append((str(self.model_root.absolute()), "<model root>"))
+        cleaned = client_message(message, roots)
+        if log and cleaned != message and len(message) <= 4 * len(cleaned) + 1000:
+            logger.info("answered a client with %r; in full: %s", cleaned, message)
+        return cleaned
+
     # -- lookups ------------------------------------------------------------------------
 
     def available_versions(self, model: str) -> list[int]:
@@ -295,17 +317,12 @@ class Gateway:
     def _resolve(self, model: str, version: int | None, label: str | None) -> int:
         """The version a metadata/status call means: explicit, by label, or the default
         one (the ``stable`` label, else the highest available)."""
-        if not self._known(model):
-            raise NotFound(f"model {model!r} not found")
+        self._check_known(model)
         if version is not None and label is not None:
             raise InvalidArgument("give a model version or a version label, not both")
         routing = self.router.model_routing(model)
         if label is not None:
-            if label not in routing.labels:
-                known = ", ".join(sorted(routing.labels)) or "none"
-                raise InvalidArgument(
-                    f"Unrecognized servable version label: {label} (labels of {model}: {known})"
-                )
+            self._check_label(model, label)
             return routing.labels[label]
         if version is not None:
             return version
@@ -315,6 +332,48 @@ class Gateway:
         if not available:
             raise NotFound(f"model {model!r} has no available version")
         return available[-1]
+
+    def candidate_signatures(
+        self, model: str, version: int | None, label: str | None
+    ) -> dict[str, list[Signature]]:
+        """The distinct signatures, by name, of every version a request naming ``version``
+        or ``label`` may be routed to (all available versions when it names neither), so
+        that a body can be decoded before routing picks one of them. Empty when nothing
+        fits: the request then fails as routing says."""
+        if not self._known(model):
+            return {}
+        if version is not None:
+            versions = [version]
+        elif label is not None:
+            labels = self.router.model_routing(model).labels
+            versions = [labels[label]] if label in labels else []
+        else:
+            versions = self.available_versions(model)
+        found: dict[str, list[Signature]] = {}
+        for number in versions:
+            try:
+                signatures = self._servable(model, number).signatures
+            except ServingError:
+                continue
+            for name, signature in signatures.items():
+                known = found.setdefault(name, [])
+                if signature not in known:
+                    known.append(signature)
+        return found
+
+    def _check_known(self, model: str, message: str = "model {model} not found") -> None:
+        if not self._known(model):
+            raise NotFound(message.format(model=echo(model)))
+
+    def _check_label(self, model: str, label: str) -> None:
+        """Refuse a label the model does not have, echoing at most a short part of it."""
+        labels = self.router.model_routing(model).labels
+        if label not in labels:
+            known = ", ".join(sorted(labels)) or "none"
+            raise InvalidArgument(
+                f"Unrecognized servable version label: {echo(label)[1:-1]} "
+                f"(labels of {model}: {known})"
+            )
 
     def _role(self, model: str, version: int) -> str:
         """The route label a version's batch metrics carry: the part it plays now."""
@@ -363,8 +422,9 @@ class Gateway:
     def _decide(
         self, model: str, version: int | None, label: str | None, headers: Mapping[str, str] | None
     ) -> RouteDecision:
-        if not self._known(model):
-            raise NotFound(f"Servable not found for request: model {model!r} is not served here")
+        self._check_known(model, "Servable not found for request: model {model} is not served here")
+        if label is not None and version is None:
+            self._check_label(model, label)
         sticky_header = self.router.model_routing(model).sticky_header
         sticky_key = (headers or {}).get(sticky_header) if sticky_header else None
         return self.router.choose(model, version=version, label=label, sticky_key=sticky_key)
@@ -382,12 +442,17 @@ class Gateway:
         with servable:
             signature = servable.signatures.get(signature_name)
             if signature is None:
+                # TF Serving's answer: the request does not fit the model (HTTP 400); the
+                # model and version exist, so it is not NOT_FOUND.
                 known = ", ".join(sorted(servable.signatures)) or "none"
-                raise NotFound(
-                    f"signature {signature_name!r} not found in model {model!r} version "
-                    f"{version}; available signatures: {known}"
+                raise FailedPrecondition(
+                    f"Serving signature key {echo(signature_name)} not found in model "
+                    f"{model!r} version {version}; available signatures: {known}"
                 )
-            inputs = validate_inputs(source(signature), signature)
+            decoded = source(signature)
+            if inspect.isawaitable(decoded):
+                decoded = await decoded
+            inputs = validate_inputs(decoded, signature)
             batcher = self._batcher(servable, signature_name)
             with self.metrics.track_in_flight(model, version):
                 outputs = await batcher.submit(inputs, deadline)
@@ -478,9 +543,11 @@ class Gateway:
     def _observe(
         self, model: str, version: int | str, route: str, code: str, api: str, started: float
     ) -> None:
-        # Unknown model names come from clients: never let them mint new series.
+        # Model names and versions come from clients: never let them mint new series. A
+        # version with no series (made up, or never seen here) is counted as "unknown".
         name = model if self._known(model) else ""
-        self.metrics.observe_request(name, version, route, code, api, time.monotonic() - started)
+        label = self.metrics.version_label(name, version if version != "" else None)
+        self.metrics.observe_request(name, label, route, code, api, time.monotonic() - started)
 
     def _mirror(
         self, model: str, version: int, signature_name: str, primary: _Executed, api: str
@@ -527,7 +594,7 @@ class Gateway:
         against that version's signature. ``output_filter`` keeps only the named outputs.
         ``request_id`` is the key of the answer for feedback and the prediction log."""
 
-        def source(signature: Signature) -> Mapping[str, np.ndarray]:
+        def source(signature: Signature) -> Inputs | Awaitable[Inputs]:
             unknown = [name for name in output_filter if name not in signature.outputs]
             if unknown:
                 raise InvalidArgument(
@@ -627,6 +694,7 @@ class Gateway:
 
     def status(self, model: str, version: int | None, label: str | None) -> list[VersionStatus]:
         """``GetModelStatus``: every version of ``model``, or the one named."""
+        self._check_known(model)
         if label is not None:
             version = self._resolve(model, None, label)
         if model in self.remote:

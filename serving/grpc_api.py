@@ -74,7 +74,11 @@ def _answers_errors(
         try:
             request_id = request_id_of(metadata_of(context))
         except InvalidArgument as exc:
-            await context.abort(exc.code, exc.message, _request_id_metadata(new_request_id()))
+            await context.abort(
+                exc.code,
+                self._gateway.client_message(exc.message),
+                _request_id_metadata(new_request_id()),
+            )
         context.set_trailing_metadata(_request_id_metadata(request_id))
         try:
             return await handler(self, request, context, request_id)
@@ -83,7 +87,8 @@ def _answers_errors(
         except Exception:
             logger.exception("%s failed", handler.__name__)
             error = ServingError(grpc.StatusCode.INTERNAL, "internal error")
-        await context.abort(error.code, error.message, _request_id_metadata(request_id))
+        message = self._gateway.client_message(error.message)
+        await context.abort(error.code, message, _request_id_metadata(request_id))
 
     return wrapped
 
@@ -291,12 +296,16 @@ def signature_def_map(metadata: ModelMetadata) -> get_model_metadata_pb2.Signatu
 
 def model_status_response(
     statuses: Sequence[VersionStatus],
+    client_message: Callable[[str], str] | None = None,
 ) -> get_model_status_pb2.GetModelStatusResponse:
+    """``GetModelStatus``'s answer; ``client_message`` cleans error messages for clients
+    (a load error names files under the model root)."""
     response = get_model_status_pb2.GetModelStatusResponse()
     for status in statuses:
         entry = response.model_version_status.add(version=status.version, state=int(status.state))
         entry.status.error_code = status.error_code
-        entry.status.error_message = status.error_message
+        message = status.error_message
+        entry.status.error_message = client_message(message) if client_message else message
     return response
 
 
@@ -319,7 +328,10 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
         _request_id: str,
     ) -> get_model_status_pb2.GetModelStatusResponse:
         version, label = version_of(request.model_spec)
-        return model_status_response(self._gateway.status(request.model_spec.name, version, label))
+        return model_status_response(
+            self._gateway.status(request.model_spec.name, version, label),
+            functools.partial(self._gateway.client_message, log=False),
+        )
 
     @_answers_errors
     async def HandleReloadConfigRequest(

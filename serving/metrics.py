@@ -10,6 +10,10 @@ A version's request and feedback series are created at 0 when it starts loading
 (``create_version_series``): Prometheus' ``increase()`` cannot see the first sample of
 a new series, so a canary's first errors would otherwise be undercounted. Series of a
 version stay after it unloads, as its ``model_loaded`` gauge does (at 0).
+
+Label values never come from clients alone: a request for a version that has no series
+(a version that does not exist, or a model that is not served) is counted under
+``version="unknown"``, so clients naming made-up versions cannot grow ``/metrics``.
 """
 
 from __future__ import annotations
@@ -49,6 +53,12 @@ AGREEMENT_BUCKETS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0)
 ABS_DIFF_BUCKETS = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
 # Regression labels come in the model's own units: a wide, coarse spread.
 ABS_ERROR_BUCKETS = (0.001, 0.01, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 100.0, 1000.0)
+
+# The version label of requests that name no version this gateway has.
+UNKNOWN_VERSION = "unknown"
+# Where a client hung up before its answer was written: ``body`` while the gateway was
+# still reading the request.
+DISCONNECT_STAGES = ("body", "handling")
 
 _REQUEST_LABELS = ("model", "version", "route")
 _VERSION_LABELS = ("model", "version")
@@ -178,6 +188,16 @@ class GatewayMetrics:
         )
         for outcome in PREDICTION_LOG_OUTCOMES:
             self.prediction_log_records.labels(outcome)
+        self.client_disconnects = Counter(
+            "slipway_gateway_client_disconnects",
+            "REST requests whose client closed the connection before the answer, by the "
+            "stage the request was in (not an error of the gateway).",
+            ("stage",),
+            registry=registry,
+        )
+        for stage in DISCONNECT_STAGES:
+            self.client_disconnects.labels(stage)
+        self._versions: set[tuple[str, str]] = set()
 
     def create_version_series(self, model: str, version: int | str) -> None:
         """Create every request and feedback series ``version`` can have, at 0.
@@ -185,6 +205,7 @@ class GatewayMetrics:
         Called before a version can answer: every route, status code and API of its
         request counter, its latency histograms, and its feedback metrics.
         """
+        self._versions.add((model, str(version)))
         for route in ROUTES:
             labels = (model, str(version), route)
             for code in STATUS_CODES:
@@ -196,6 +217,15 @@ class GatewayMetrics:
             for outcome in FEEDBACK_OUTCOMES:
                 self.feedback.labels(*labels, outcome)
             self.feedback_absolute_error.labels(*labels)
+
+    def version_label(self, model: str, version: int | str | None) -> str:
+        """``version`` as a label value if ``model`` has series for it, else ``unknown``."""
+        if version is None or (model, str(version)) not in self._versions:
+            return UNKNOWN_VERSION
+        return str(version)
+
+    def observe_disconnect(self, stage: str) -> None:
+        self.client_disconnects.labels(stage).inc()
 
     def observe_request(
         self,

@@ -9,10 +9,12 @@ finish within the grace period, then the listeners close and the models unload.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import signal
 import ssl
 from pathlib import Path
+from typing import Any
 
 import grpc
 from aiohttp import web
@@ -66,6 +68,74 @@ def ssl_context(tls: ServerTLS) -> ssl.SSLContext:
     return context
 
 
+# A certificate this close to its end is still served, with a warning at start-up.
+EXPIRY_WARNING = datetime.timedelta(days=14)
+
+
+def check_server_tls(tls: ServerTLS, now: datetime.datetime | None = None) -> None:
+    """Refuse, before anything binds, a certificate clients would refuse or that cannot
+    serve: unreadable files, a certificate outside its validity dates, a key that is not
+    the certificate's. gRPC would bind and then fail its handshakes (clients see
+    UNAVAILABLE) or hide the reason behind "failed to bind"; this says what is wrong."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    cert_pem, key_pem = _read(tls.cert), _read(tls.key)
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+    except ImportError:  # without it OpenSSL still checks the pair (ssl_context)
+        ssl_context(tls)
+        return
+    try:
+        certificate = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError as exc:
+        raise StartupError(f"tls.cert {tls.cert}: not a PEM certificate ({exc})") from None
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except TypeError:
+        raise StartupError(
+            f"tls.key {tls.key}: the key is encrypted; the gateway needs it unencrypted"
+        ) from None
+    except Exception as exc:  # ValueError, or UnsupportedAlgorithm (which is not one)
+        raise StartupError(f"tls.key {tls.key}: not a PEM private key ({exc})") from None
+    if _public_key_der(key.public_key()) != _public_key_der(certificate.public_key()):
+        raise StartupError(
+            f"tls.key {tls.key} does not belong to tls.cert {tls.cert} (its public key is "
+            "another): give the key the certificate was issued for"
+        )
+    starts, ends = certificate.not_valid_before_utc, certificate.not_valid_after_utc
+    subject = certificate.subject.rfc4514_string() or "(no subject)"
+    if now > ends:
+        raise StartupError(
+            f"tls.cert {tls.cert} ({subject}) expired on {ends:%Y-%m-%d %H:%M:%S} UTC: "
+            "clients would refuse it; renew the certificate"
+        )
+    if now < starts:
+        raise StartupError(
+            f"tls.cert {tls.cert} ({subject}) is not valid before "
+            f"{starts:%Y-%m-%d %H:%M:%S} UTC (check this machine's clock)"
+        )
+    if ends - now < EXPIRY_WARNING:
+        logger.warning(
+            "tls.cert %s (%s) expires on %s UTC", tls.cert, subject, f"{ends:%Y-%m-%d %H:%M:%S}"
+        )
+    if tls.client_ca is not None:
+        try:
+            x509.load_pem_x509_certificates(_read(tls.client_ca))
+        except ValueError as exc:
+            raise StartupError(
+                f"tls.client_ca {tls.client_ca}: not a PEM certificate ({exc})"
+            ) from None
+    ssl_context(tls)  # what OpenSSL itself refuses (an unsupported key, say)
+
+
+def _public_key_der(public_key: Any) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return public_key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
 def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()
@@ -98,6 +168,8 @@ class GatewayServer:
         """Bind both listeners, then start loading models (``/readyz`` says when done)."""
         if not self.model_root.is_dir():
             raise StartupError(f"--model-root {self.model_root}: not a directory")
+        if self.config.tls is not None:
+            check_server_tls(self.config.tls)
         auth = AdminAuth(self.config.admin_token())
         self.gateway = Gateway(self.model_root, self.config, health=Health())
         try:

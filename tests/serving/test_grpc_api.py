@@ -403,7 +403,11 @@ def test_get_model_metadata_describes_the_signature(predictions) -> None:
         (predict_request("../models/digits"), grpc.StatusCode.NOT_FOUND, "not served here"),
         (predict_request(version=9), grpc.StatusCode.NOT_FOUND, "available versions: 1, 2"),
         (predict_request(label="gold"), grpc.StatusCode.INVALID_ARGUMENT, "gold"),
-        (predict_request(signature="other"), grpc.StatusCode.NOT_FOUND, "serving_default"),
+        (
+            predict_request(signature="other"),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "serving_default",
+        ),
         (
             predict_request(inputs={"image": np.zeros((1, 8, 8, 1), np.float32)}),
             grpc.StatusCode.INVALID_ARGUMENT,

@@ -49,6 +49,7 @@ def test_every_contract_metric_is_exposed_with_its_type() -> None:
         "slipway_gateway_feedback": "counter",
         "slipway_gateway_feedback_absolute_error": "histogram",
         "slipway_gateway_prediction_log_records": "counter",
+        "slipway_gateway_client_disconnects": "counter",
     }
     found = families(metrics)
     # prometheus_client adds a ``_created`` timestamp gauge next to counters and histograms.

@@ -183,7 +183,7 @@ def test_binary_strings_travel_as_b64(server) -> None:
         ("/v1/models/digits/versions/7:predict", {"instances": [1]}, 404, "available versions: 1"),
         ("/v1/models/digits/versions/x:predict", {"instances": [1]}, 400, "integer"),
         ("/v1/models/digits/labels/gold:predict", {"instances": [1]}, 400, "gold"),
-        ("/v1/models/digits:predict", {"signature_name": "nope", "instances": [1]}, 404, "nope"),
+        ("/v1/models/digits:predict", {"signature_name": "nope", "instances": [1]}, 400, "nope"),
         ("/v1/models/digits:predict", {"instances": [1, 2]}, 400, "several inputs"),
         ("/v1/models/digits:predict", {"nothing": 1}, 400, "'inputs' or 'instances'"),
         (
@@ -198,8 +198,9 @@ def test_binary_strings_travel_as_b64(server) -> None:
             400,
             "expected float32 [-1, 8, 8, 1]",
         ),
-        ("/v1/models/digits:explain", {}, 404, ":explain"),
-        ("/v1/elsewhere", {}, 404, "Not Found"),
+        ("/v1/models/digits:explain", {}, 400, ":explain"),
+        ("/v1/elsewhere", {}, 400, "Malformed request"),
+        ("/elsewhere", {}, 404, "Not Found"),
     ],
 )
 def test_bad_requests_get_json_errors_with_the_right_status(
@@ -214,7 +215,7 @@ def test_malformed_json_is_a_400(server) -> None:
     status, answer = http(server, "POST", "/v1/models/digits:predict", raw=b'{"instances": [1,')
     assert status == 400 and "not valid JSON" in answer["error"]
     status, answer = http(server, "GET", "/v1/models/digits:predict")
-    assert status == 405 and "error" in answer
+    assert status == 400 and "Malformed request" in answer["error"]
 
 
 # -- classify / regress --------------------------------------------------------------------
