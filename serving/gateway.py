@@ -452,7 +452,7 @@ class Gateway:
             decoded = source(signature)
             if inspect.isawaitable(decoded):
                 decoded = await decoded
-            inputs = validate_inputs(decoded, signature)
+            inputs = validate_inputs(decoded, signature, max_bytes=self.config.max_message_bytes)
             batcher = self._batcher(servable, signature_name)
             with self.metrics.track_in_flight(model, version):
                 outputs = await batcher.submit(inputs, deadline)

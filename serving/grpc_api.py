@@ -47,8 +47,8 @@ from serving.inference_results import classification_proto, regression_proto
 from serving.repository import VersionStatus
 from serving.request_id import HEADER as REQUEST_ID_KEY
 from serving.request_id import new_request_id, request_id_of
-from serving.signature import DEFAULT_SIGNATURE
-from serving.tensors import numpy_to_tensor_proto, tensor_proto_to_numpy
+from serving.signature import DEFAULT_SIGNATURE, Signature
+from serving.tensors import numpy_to_tensor_proto, protos_to_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -155,8 +155,10 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         version, label = version_of(spec)
         protos = request.inputs
 
-        def decode(_signature: object) -> dict[str, np.ndarray]:
-            return {name: tensor_proto_to_numpy(proto, name) for name, proto in protos.items()}
+        max_bytes = self._gateway.config.max_message_bytes
+
+        def decode(signature: Signature) -> dict[str, np.ndarray]:
+            return protos_to_inputs(protos, signature, max_bytes=max_bytes)
 
         result = await self._gateway.predict(
             spec.name,

@@ -221,23 +221,30 @@ def signature_name_of(body: Mapping[str, Any]) -> str:
 
 def json_to_feature(value: Any, where: str) -> Feature:
     """A tf.train.Feature from a JSON value, typed as TF Serving's REST API types it:
-    integers -> int64_list, any float -> float_list, strings and ``{"b64"}`` -> bytes_list."""
+    numbers -> int64_list when the first is an integer (a later fraction is refused), else
+    float_list; strings and ``{"b64"}`` -> bytes_list."""
     values = value if isinstance(value, list) else [value]
     feature = Feature()
-    if all(isinstance(item, str) or is_b64(item) for item in values) and values:
+    if not values:
+        return feature
+    if all(isinstance(item, str) or is_b64(item) for item in values):
         feature.bytes_list.value.extend(
             decode_b64(item, where) if is_b64(item) else item.encode("utf-8") for item in values
         )
-    elif all(isinstance(item, int) and not isinstance(item, bool) for item in values):
-        if any(not -(2**63) <= item < 2**63 for item in values):
-            raise InvalidArgument(f"{where}: integer out of range for int64")
-        feature.int64_list.value.extend(values)
-    elif all(isinstance(item, (int, float)) and not isinstance(item, bool) for item in values):
-        feature.float_list.value.extend(float(item) for item in values)
-    else:
+    elif not all(isinstance(item, (int, float)) and not isinstance(item, bool) for item in values):
         raise InvalidArgument(
             f"{where}: expected a number, a string, {{'b64': ...}} or a flat list of one of them"
         )
+    elif isinstance(values[0], int):
+        # As TF Serving: the first number types the feature, and an int64 feature takes
+        # no fractions ([10, 10.0] is refused; [10.0, 10] is a float feature).
+        if not all(isinstance(item, int) for item in values):
+            raise InvalidArgument(f"Unexpected element type in {where} expecting type: int64")
+        if any(not -(2**63) <= item < 2**63 for item in values):
+            raise InvalidArgument(f"{where}: integer out of range for int64")
+        feature.int64_list.value.extend(values)
+    else:
+        feature.float_list.value.extend(float(item) for item in values)
     return feature
 
 

@@ -65,7 +65,7 @@ def replay_warmup_requests(backend: Backend, path: Path) -> int:
     # The protos load the tensorflow package: only versions with recorded requests pay.
     from tensorflow_serving.apis import prediction_log_pb2
 
-    from serving.tensors import tensor_proto_to_numpy
+    from serving.tensors import protos_to_inputs
 
     count = 0
     for index, record in enumerate(_records(path)):
@@ -82,9 +82,7 @@ def replay_warmup_requests(backend: Backend, path: Path) -> int:
         name = request.model_spec.signature_name or DEFAULT_SIGNATURE
         signature = find_signature(backend.signatures, name)
         try:
-            inputs = {
-                key: tensor_proto_to_numpy(proto, key) for key, proto in request.inputs.items()
-            }
+            inputs = protos_to_inputs(request.inputs, signature)
             backend.run(name, validate_inputs(inputs, signature))
         except InvalidArgument as exc:
             raise InvalidArgument(f"{path}: record {index}: {exc.message}") from None

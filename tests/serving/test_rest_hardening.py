@@ -21,6 +21,8 @@ import tensorflow as tf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serving.config import GatewayConfig
+from serving.errors import InvalidArgument
+from serving.rest_api import json_to_feature
 from tests.serving import model_factory
 from tests.serving.gateway_process import GatewayThread
 from tests.serving.test_rest_api import http
@@ -289,3 +291,19 @@ def test_a_large_bad_body_is_refused_with_the_same_messages(server) -> None:
     assert len(examples) > 128 * 1024
     status, answer = http(server, "POST", "/v1/models/wide:regress", raw=examples.encode())
     assert status == 200 and answer == {"results": [500.0] * 100}
+
+
+@pytest.mark.parametrize(
+    ("value", "kind", "values"),
+    [([10, 11], "int64_list", [10, 11]), ([10.5, 10], "float_list", [10.5, 10.0]),
+     (3, "int64_list", [3]), ([], None, [])],
+)  # fmt: skip
+def test_the_first_number_types_an_example_feature(value: Any, kind: Any, values: list) -> None:
+    feature = json_to_feature(value, "feature 'n'")
+    assert feature.WhichOneof("kind") == kind
+    assert (list(getattr(feature, kind).value) if kind else []) == values
+
+
+def test_a_fraction_in_an_integer_feature_is_refused_as_tf_serving_refuses_it() -> None:
+    with pytest.raises(InvalidArgument, match="feature 'n' expecting type: int64"):
+        json_to_feature([10, 10.0], "feature 'n'")

@@ -363,8 +363,6 @@ def test_json_outputs_read_back_as_the_same_inputs() -> None:
         ({"instances": [1.5]}, Signature("s", {"x": spec("x", np.int32, (None,))}, {}), "input 'x': expected integers, got 1.5"),
         ({"instances": [300]}, Signature("s", {"x": spec("x", np.uint8, (None,))}, {}), "input 'x': value out of range for uint8"),
         ({"instances": [2**70]}, Signature("s", {"x": spec("x", np.int64, (None,))}, {}), "input 'x': value out of range for 64-bit integers"),
-        ({"instances": [2**25 + 1]}, ONE_FLOAT, "integer too large for float32 without loss of precision"),
-        ({"instances": [1e300]}, ONE_FLOAT, "value out of range for float32"),
         ({"instances": [1]}, Signature("s", {"x": spec("x", np.bool_, (None,))}, {}), "input 'x': expected bools, got 1"),
         ({"instances": [{"b64": "not base64!"}]}, Signature("s", {"x": spec("x", object, (None,))}, {}), "input 'x': {'b64': ...} is not valid base64"),
         ({"instances": [1]}, Signature("s", {"x": spec("x", object, (None,))}, {}), "expected strings or {'b64': ...} objects, got 1"),
