@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import multiprocessing
-import os
 import re
 import signal
 import time
@@ -355,7 +354,9 @@ class BodyWorkers:
     """
 
     def __init__(self, workers: int | None = None) -> None:
-        self._workers = workers or max(1, min(4, os.cpu_count() or 1))
+        # One by default: a worker imports TensorFlow's protos (about 650 MiB resident),
+        # and bodies this large are rare; what matters is that none parses on the loop.
+        self._workers = workers or 1
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
 
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
