@@ -161,6 +161,7 @@ class Gateway:
             poll_interval=self.config.poll_interval_s,
             backend_factory=self._open_backend,
             unload_timeout=self.config.grace_period_s,
+            pinned=self.routed_versions,
         )
         self.router = Router(self.routing.current, self.available_versions)
         self.feedback = FeedbackStore(
@@ -263,11 +264,42 @@ class Gateway:
             with contextlib.suppress(ServingError):
                 servable = self.repository.servable(model, status.version)
                 self.metrics.observe_model_load(model, status.version, servable.load_seconds)
+            self._note_default_version(model, status.version)
         else:
             for key in [k for k in self._batchers if k[:2] == (model, status.version)]:
                 self._spawn(self._batchers.pop(key).close(drain=True))
         if self.repository.wait_ready(0):
             self._spawn(self._publish_health())
+
+    def _note_default_version(self, model: str, version: int) -> None:
+        """Say so when a new version takes over the requests that name no version.
+
+        Without a ``stable`` label those go to the highest available version, as with
+        TF Serving's ``latest`` policy; with one, a new version gets no traffic until
+        routing gives it some, and nothing is said.
+        """
+        routing = self.router.model_routing(model)
+        if STABLE in routing.labels:
+            return
+        available = self.available_versions(model)
+        older = [v for v in available if v < version]
+        if not older or version != max(available):
+            return
+        if routing.labels:
+            logger.warning(
+                "model %s: version %d now answers every request that names no version or "
+                "label, in place of version %d: the routing labels %s but no 'stable' "
+                "version; label the version that should keep that traffic 'stable'",
+                model, version, older[-1],
+                ", ".join(f"{k}={v}" for k, v in sorted(routing.labels.items())),
+            )  # fmt: skip
+        else:
+            logger.info(
+                "model %s: version %d now answers requests that name no version (the "
+                "highest available; version %d did before); to run a new version as a "
+                "canary instead, label the serving one 'stable' before publishing",
+                model, version, older[-1],
+            )  # fmt: skip
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         """Run a background task, keeping a reference until it is done (``stop`` cancels it)."""
@@ -300,6 +332,15 @@ class Gateway:
         return cleaned
 
     # -- lookups ------------------------------------------------------------------------
+
+    def routed_versions(self, model: str) -> set[int]:
+        """The versions the routing in force names for ``model`` (labels and shadow): the
+        repository keeps them loaded whatever the version policy selects."""
+        routing = self.routing.current().for_model(model)
+        named = set(routing.labels.values())
+        if routing.shadow is not None and routing.shadow.version is not None:
+            named.add(routing.shadow.version)
+        return named
 
     def available_versions(self, model: str) -> list[int]:
         if model in self.remote:

@@ -10,6 +10,11 @@ runs on the polling thread (or whoever calls ``poll``), never on a request.
 
 A version that cannot be verified or loaded ends in END with its error, and the
 policy looks past it: the other versions keep serving.
+
+Besides what its policy keeps, a model keeps every version that routing names (a label,
+a shadow version) loaded: publishing a canary under ``latest`` with ``num_versions: 1``
+must not unload the ``stable`` version the canary is compared with and that unlabelled
+requests still go to. A version stops being kept once routing no longer names it.
 """
 
 from __future__ import annotations
@@ -100,6 +105,8 @@ class VersionPolicy:
 
 
 Listener = Callable[[str, VersionStatus], None]
+# Model name -> the versions routing names (labels, shadow); kept loaded beyond the policy.
+PinnedVersions = Callable[[str], Iterable[int]]
 BackendFactory = Callable[[Path], Backend]
 Warmup = Callable[[Backend, Path], Any]
 
@@ -195,6 +202,8 @@ class ModelRepository:
     ``strict`` refuses versions without ``slipway.json``. ``backend_factory`` opens a
     version directory; ``warmup`` runs a loaded backend before it becomes AVAILABLE.
     Unloading waits up to ``unload_timeout`` seconds for requests in flight.
+    ``pinned`` returns the versions of a model that routing names: they are served in
+    addition to what the policy selects, as long as they are on disk.
     """
 
     def __init__(
@@ -208,6 +217,7 @@ class ModelRepository:
         backend_factory: BackendFactory = open_backend,
         warmup: Warmup = warm_up,
         unload_timeout: float = 30.0,
+        pinned: PinnedVersions | None = None,
     ) -> None:
         self.root = Path(root)
         self.policies = dict(policies or {})
@@ -217,6 +227,7 @@ class ModelRepository:
         self.unload_timeout = unload_timeout
         self._backend_factory = backend_factory
         self._warmup = warmup
+        self._pinned = pinned
         self._models: dict[str, dict[int, _Version]] = {}
         self._lock = threading.Lock()
         self._poll_lock = threading.Lock()
@@ -400,7 +411,7 @@ class ModelRepository:
         self._forget_replaced_failures(records, scan)
         while True:
             candidates = [v for v in scan.paths if v not in records or not records[v].failed]
-            wanted = policy.select(candidates)
+            wanted = policy.select(candidates) | (self._pinned_versions(model) & set(candidates))
             pending = [
                 v for v in wanted if v not in records or records[v].state is VersionState.END
             ]
@@ -411,6 +422,17 @@ class ModelRepository:
         for version, record in sorted(records.items()):
             if record.state is VersionState.AVAILABLE and version not in wanted:
                 self._begin_unload(model, record)
+
+    def _pinned_versions(self, model: str) -> set[int]:
+        """The versions routing names for ``model``; if that cannot be read, every version
+        loaded now, so that a failure never unloads a version routing may name."""
+        if self._pinned is None:
+            return set()
+        try:
+            return set(self._pinned(model))
+        except Exception:
+            log.exception("reading the routed versions of model %s failed", model)
+            return set(self.versions(model))
 
     def _record_scan_errors(self, model: str, records: dict[int, _Version], scan: _Scan) -> None:
         """Versions whose directory cannot be used (a symlink out of the root) end with
