@@ -134,6 +134,9 @@ class GatewayConfig(_Section):
     # Replicas that must agree watch one routing source instead (serving.routing_sync).
     routing_source: RoutingSourceConfig | None = None
     strict: bool = False
+    # /readyz and the gRPC health of "" need a model with a version AVAILABLE, unless this
+    # is true (a gateway that only fronts remote model servers, or waits for a first model).
+    ready_without_models: bool = False
     poll_interval_s: float = Field(default=2.0, gt=0)
     version_policy: VersionPolicy = VersionPolicy()
     batching: BatchingConfig = BatchingConfig()

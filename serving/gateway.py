@@ -151,6 +151,7 @@ class Gateway:
         self.model_root = Path(model_root)
         self.metrics = metrics or GatewayMetrics()
         self.health = health or Health()
+        self.health.require_model = not self.config.ready_without_models
         self.routing = RoutingStore.for_gateway(self.config, self.metrics.registry)
         self.remote = RemoteModels(self.config)
         self.repository = ModelRepository(
@@ -195,11 +196,34 @@ class Gateway:
         self.repository.start()
         await asyncio.to_thread(self.repository.wait_ready)
         await self._publish_health(loaded=True)
+        self._warn_when_nothing_serves()
         while True:  # keep retrying remote servers that were down
             await asyncio.sleep(self.config.poll_interval_s)
             for model in self.remote.failed():
                 if await self._connect(model):
                     await self._publish_health()
+
+    def _warn_when_nothing_serves(self) -> None:
+        """After the first load: say so when no model can answer, naming the root."""
+        models = set(self.repository.models()) | set(self.remote.models())
+        if any(self.available_versions(model) for model in models):
+            return
+        waiting = (
+            "reporting ready anyway (ready_without_models)"
+            if self.config.ready_without_models
+            else "/readyz reports not ready until one is"
+        )
+        if not models:
+            logger.warning(
+                "model root %s holds no models (expected %s/<model>/<version>/"
+                "saved_model.pb); serving on and polling for one: %s",
+                self.model_root, self.model_root, waiting,
+            )  # fmt: skip
+        else:
+            logger.warning(
+                "model root %s: no version of %s is available; serving on and polling: %s",
+                self.model_root, ", ".join(sorted(models)), waiting,
+            )  # fmt: skip
 
     async def _connect(self, model: str) -> bool:
         servable = await asyncio.to_thread(self.remote.connect, model)

@@ -3,7 +3,9 @@
 Kubernetes asks REST ``/healthz`` and ``/readyz``; gRPC load balancers ask the standard
 ``grpc.health.v1.Health`` service, where the service name is a model name (SERVING while
 at least one of its versions is AVAILABLE) and ``""`` is the whole server. Both read the
-same state so they never disagree. Draining is one-way: once SIGTERM arrives nothing
+same state so they never disagree. A gateway with no model able to answer (an empty model
+root, every version failed) is not ready, unless configured to be (``ready_without_models``
+in gateway.yaml). Draining is one-way: once SIGTERM arrives nothing
 reports SERVING again, so load balancers stop sending traffic before the listeners close.
 """
 
@@ -22,16 +24,24 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 class Health:
     """Readiness of the gateway and of each model, and the gRPC health servicer."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, require_model: bool = True) -> None:
         self.servicer = health_aio.HealthServicer()
+        # Ready only while some model can answer; off for a gateway that may rightly
+        # serve none (one fronting remote model servers that are not up yet).
+        self.require_model = require_model
         self._models: dict[str, bool] = {}
         self._loaded = False
         self._draining = False
+        self._overall: bool | None = None
 
     @property
     def ready(self) -> bool:
-        """The first repository sync finished and the gateway is not shutting down."""
-        return self._loaded and not self._draining
+        """The first repository sync finished, some model has a version AVAILABLE (unless
+        ``require_model`` is off) and the gateway is not shutting down."""
+        return self._loaded and not self._draining and self._has_model()
+
+    def _has_model(self) -> bool:
+        return not self.require_model or any(self._models.values())
 
     @property
     def draining(self) -> bool:
@@ -53,9 +63,12 @@ class Health:
             if self._models.get(model) != serving:
                 await self.servicer.set(model, SERVING if serving else NOT_SERVING)
         self._models = current
-        if loaded and not self._loaded:
+        if loaded:
             self._loaded = True
-            await self.servicer.set(OVERALL_HEALTH, SERVING)
+        overall = self._loaded and self._has_model()
+        if overall != self._overall and not self._draining:
+            self._overall = overall
+            await self.servicer.set(OVERALL_HEALTH, SERVING if overall else NOT_SERVING)
 
     async def drain(self) -> None:
         """Stop reporting SERVING anywhere, for good."""
