@@ -89,7 +89,55 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "with this machine's name for a wildcard HOST.",
     )
     serve.set_defaults(handler=run_serve)
+    _register_publish(subparsers)
     routing_cli.register(subparsers)
+
+
+def _register_publish(subparsers: argparse._SubParsersAction) -> None:
+    publish = subparsers.add_parser(
+        "publish",
+        help="publish any SavedModel as a new version in a model repository",
+        description="Publish a SavedModel exported by any Keras or TensorFlow code as "
+        "MODEL_ROOT/MODEL/VERSION: check that it has a serving_default signature, write "
+        "slipway.json beside it (SHA-256 of every file and the signature) and rename the "
+        "copy into place, so a gateway sees the whole version or nothing. The source "
+        "directory is not changed. Exit 2 when it is not a SavedModel with a "
+        "serving_default signature or the version exists.",
+    )
+    publish.add_argument(
+        "saved_model_dir",
+        type=Path,
+        metavar="SAVEDMODEL_DIR",
+        help="The SavedModel directory (saved_model.pb, variables/, assets/) to publish.",
+    )
+    publish.add_argument(
+        "--model", required=True, metavar="NAME", help="Model name (letters, digits, . _ -)."
+    )
+    publish.add_argument(
+        "--version",
+        type=int,
+        metavar="N",
+        help="Version number; an existing version is never replaced. Default: the next "
+        "integer after the highest version of the model.",
+    )
+    publish.add_argument(
+        "--model-root",
+        type=Path,
+        default=Path("models"),
+        metavar="MODEL_ROOT",
+        help="Model repository to publish into (created if missing). Default: %(default)s.",
+    )
+    publish.set_defaults(handler=run_publish)
+
+
+def run_publish(args: argparse.Namespace) -> int:
+    from serving.publish import publish_saved_model
+
+    version, path = publish_saved_model(
+        args.saved_model_dir, args.model_root, args.model, version=args.version
+    )
+    print(f"published {args.model} version {version} at {path}")
+    return 0
 
 
 def _fraction(text: str) -> float:
@@ -140,7 +188,8 @@ def __getattr__(name: str) -> Any:
     import TensorFlow, and ``slipway --help`` must stay instant."""
     if name == "USER_ERRORS":
         from contracts.yaml_config import ConfigError
+        from serving.publish import PublishInputError
         from serving.server import StartupError
 
-        return (ConfigError, StartupError)
+        return (ConfigError, StartupError, PublishInputError)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
