@@ -4,7 +4,8 @@ A version need not export TensorFlow Serving's classification or regression sign
 the gateway runs the requested signature and reads the answer from its outputs. The
 output is found by TensorFlow Serving's name for it (``scores``, ``outputs``), else by
 the ``kind`` that ``slipway.json`` gives it under ``labels``, else by its shape; class
-names come from a ``classes`` output, else from ``slipway.json``, else from the index.
+names come from a ``classes`` output, else from ``slipway.json``; without either a class
+has a score and no label, as TF Serving answers a signature without a ``classes`` output.
 An output that does not fit is ``FailedPrecondition``: the model, not the request, is wrong.
 """
 
@@ -104,8 +105,9 @@ def _class_scores(
     """The scores [rows, classes] of the classification output and each row's class names.
 
     Class names come from a ``classes`` output, else slipway.json's
-    ``labels.<output>.classes``, else the class index as text. ``examples`` (when known)
-    is the number of rows the answer must have.
+    ``labels.<output>.classes``, else none at all (empty labels: TF Serving's classifier
+    sets only the score when the signature has no ``classes`` output). ``examples``
+    (when known) is the number of rows the answer must have.
     """
     candidates = {k: v for k, v in outputs.items() if not _holds_names(k, outputs)}
     name = _pick_output(candidates, manifest, SCORES_OUTPUT, "classification", _is_scores)
@@ -136,7 +138,7 @@ def _class_scores(
     else:
         listed = _manifest_classes(manifest, name)
         if listed is None or len(listed) != count:
-            listed = [str(index) for index in range(count)]
+            listed = [""] * count
         names = [listed] * rows
     return scores, names
 
@@ -164,7 +166,10 @@ def top_classes(
     if scores.shape[1] < 2:
         raise FailedPrecondition("the classification output has a single column")
     best = scores.argmax(axis=1).tolist()
-    return scores.shape[1], [(index, row[index]) for index, row in zip(best, names, strict=True)]
+    # An unnamed class is known by its index here.
+    return scores.shape[1], [
+        (index, row[index] or str(index)) for index, row in zip(best, names, strict=True)
+    ]
 
 
 def values_from_outputs(
@@ -193,6 +198,7 @@ def classification_proto(
     for row in classes:
         classifications = proto.classifications.add()
         for label, score in row:
+            # An unnamed class has its score only (proto3: an empty label is unset).
             classifications.classes.add(label=label, score=score)
     return proto
 

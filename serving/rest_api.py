@@ -51,7 +51,13 @@ from serving.gateway import Gateway
 from serving.grpc_api import SIGNATURE_DEF_FIELD, model_status_response, signature_def_map
 from serving.request_id import new_request_id, request_id_of
 from serving.signature import DEFAULT_SIGNATURE, Signature
-from serving.tensors import decode_b64, is_b64, json_to_inputs, outputs_to_predictions
+from serving.tensors import (
+    decode_b64,
+    float32_json_value,
+    is_b64,
+    json_to_inputs,
+    outputs_to_predictions,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -502,8 +508,12 @@ class RestApi:
 
     async def _metadata(self, model: str, version: int | None, label: str | None) -> web.Response:
         metadata = await self._gateway.metadata(model, version, label)
+        # As TF Serving prints it: fields at their defaults too ("name": "",
+        # "unknown_rank": false), int64 dims as strings, dtypes by enum name.
         signatures = json_format.MessageToDict(
-            signature_def_map(metadata), preserving_proto_field_name=True
+            signature_def_map(metadata),
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
         )
         return web.json_response(
             {
@@ -602,10 +612,15 @@ class RestApi:
             api="rest",
             request_id=request[REQUEST_ID_KEY],
         )
+        # Scores and values are the float fields of TF Serving's result protos, printed
+        # as float32 (``2.1``, not ``2.0999999046325684``); an unnamed class is "".
         if verb == "classify":
-            results: list[Any] = [[list(pair) for pair in row] for row in result.classes]
+            results: list[Any] = [
+                [[label, float32_json_value(score)] for label, score in row]
+                for row in result.classes
+            ]
         else:
-            results = result.values
+            results = [float32_json_value(value) for value in result.values]
         return web.json_response({"results": results})
 
     async def _feedback(

@@ -577,9 +577,33 @@ def _array_to_json(name: str, array: np.ndarray) -> Any:
         return flat.reshape(array.shape).tolist()
     if info.numpy.kind == "c":
         raise InvalidArgument(f"output {name!r}: {info.name} cannot be written as JSON")
-    if info.name == "bfloat16":
+    if info.name in ("bfloat16", "float16"):
         array = array.astype(np.float32)
+    if array.dtype == np.float32:
+        return float32_json_values(array)
     return array.tolist()
+
+
+def float32_json_value(value: float) -> float:
+    """The number TF Serving writes for a float32 (``WriteDecimal`` in json_tensor.cc):
+    six significant digits when they read back as the same float32, else nine, so
+    ``2.1`` prints as ``2.1`` and not as its float64 widening ``2.0999999046325684``.
+    The result is the float64 nearest that text, which ``json`` prints the same way."""
+    if not math.isfinite(value):
+        return value
+    single = np.float32(value)
+    text = f"{float(single):g}"
+    if np.float32(text) != single:
+        text = f"{float(single):.9g}"
+    return float(text)
+
+
+def float32_json_values(array: np.ndarray) -> Any:
+    """A float32 array as nested lists of ``float32_json_value`` numbers."""
+    flat = [float32_json_value(value) for value in array.ravel().tolist()]
+    if array.ndim == 0:
+        return flat[0]
+    return np.array(flat, dtype=object).reshape(array.shape).tolist()
 
 
 def _b64_object(data: bytes) -> dict[str, str]:
