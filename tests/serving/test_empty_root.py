@@ -54,13 +54,6 @@ class Started(GatewayThread):
             return exc.code
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "models"
-    path.mkdir()
-    return path
-
-
 def test_an_empty_root_warns_and_is_not_ready_until_a_model_is_published(
     root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

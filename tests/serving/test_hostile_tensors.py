@@ -26,6 +26,7 @@ from serving.errors import FailedPrecondition
 from serving.inference_results import top_classes, values_from_outputs
 from serving.tensors import numpy_to_tensor_proto
 from tests.serving.gateway_process import GatewayThread
+from tests.serving.test_tensors import proto
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -78,18 +79,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
 def stub(server: GatewayThread) -> Iterator[prediction_service_pb2_grpc.PredictionServiceStub]:
     with grpc.insecure_channel(server.grpc_target) as channel:
         yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
-
-
-def proto(dtype: int, dims: list[int], **fields: object) -> TensorProto:
-    message = TensorProto(dtype=dtype)
-    for size in dims:
-        message.tensor_shape.dim.add(size=size)
-    for name, value in fields.items():
-        if isinstance(value, list):
-            getattr(message, name).extend(value)
-        else:
-            setattr(message, name, value)
-    return message
 
 
 def request(model: str, **inputs: TensorProto) -> predict_pb2.PredictRequest:

@@ -8,7 +8,7 @@ import logging
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -29,22 +29,6 @@ from tests.serving import model_factory
 MODEL = model_factory.MODEL_NAME
 SIGNATURE = "serving_default"
 END, AVAILABLE, UNLOADING = VersionState.END, VersionState.AVAILABLE, VersionState.UNLOADING
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "models"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def repositories() -> Iterator[list[ModelRepository]]:
-    """Repositories made by a test, stopped (all versions unloaded) afterwards."""
-    made: list[ModelRepository] = []
-    yield made
-    for repository in made:
-        repository.stop()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,21 +19,6 @@ from tests.serving import model_factory
 from tests.serving.gateway_process import GatewayThread
 
 MODEL = model_factory.MODEL_NAME
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "models"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def repositories() -> Iterator[list[ModelRepository]]:
-    made: list[ModelRepository] = []
-    yield made
-    for repository in made:
-        repository.stop()
 
 
 def states(repository: ModelRepository) -> dict[int, VersionState]:
