@@ -200,10 +200,15 @@ def python_batches(
     length = default_sequence_length(manifest, "caption")
 
     def category(name: str) -> Callable[[Any], np.int64]:
+        """An input's id as the graph's lookup gives it: from 1, and 0 for a value the
+        vocabulary lacks."""
         vocabulary = ids[name]
-        return lambda f: np.int64(
-            vocabulary.get(f[name].bytes_list.value[0].decode(), len(vocabulary))
-        )
+        return lambda f: np.int64(vocabulary.get(f[name].bytes_list.value[0].decode(), -1) + 1)
+
+    def label_class(f: Any) -> np.int64:
+        """A label's position in the vocabulary (its length for a value it lacks)."""
+        vocabulary = ids["digit"]
+        return np.int64(vocabulary.get(f["digit"].bytes_list.value[0].decode(), len(vocabulary)))
 
     def tokens(f: Any) -> np.ndarray:
         padded = np.zeros(length, np.int32)
@@ -222,7 +227,7 @@ def python_batches(
         "ink": lambda f: np.float32(f["ink"].float_list.value[0]),
     }
     wanted = {name: converters[name] for name in (features or converters)}
-    label = category("digit")
+    label = label_class
 
     def stack(rows: list[dict[str, Any]], labels: list[np.int64]) -> Any:
         return {key: np.stack([row[key] for row in rows]) for key in wanted}, np.stack(labels)
