@@ -172,6 +172,9 @@ class Gateway:
         )
         self.prediction_log = open_prediction_log(self.config.prediction_log, self.metrics)
         self._batchers: dict[tuple[str, int, str], Batcher] = {}
+        # Per model, the highest version seen available: the one answering requests that
+        # name no version when no label is 'stable' (see ``_note_default_version``).
+        self._newest: dict[str, int] = {}
         self._batching: dict[str, BatchingConfig] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._in_flight = 0
@@ -292,6 +295,9 @@ class Gateway:
         else:
             for key in [k for k in self._batchers if k[:2] == (model, status.version)]:
                 self._spawn(self._batchers.pop(key).close(drain=True))
+            if self._newest.get(model) == status.version:
+                remaining = [v for v in self.available_versions(model) if v != status.version]
+                self._newest[model] = max(remaining, default=0)
         if self.repository.wait_ready(0):
             self._spawn(self._publish_health())
 
@@ -300,21 +306,23 @@ class Gateway:
 
         Without a ``stable`` label those go to the highest available version, as with
         TF Serving's ``latest`` policy; with one, a new version gets no traffic until
-        routing gives it some, and nothing is said.
+        routing gives it some, and nothing is said. The version it takes over from is the
+        one remembered, not read from what is loaded now: the policy may already have
+        unloaded it by the time this change is applied.
         """
-        routing = self.router.model_routing(model)
-        if STABLE in routing.labels:
+        previous = self._newest.get(model, 0)
+        if version <= previous:
             return
-        available = self.available_versions(model)
-        older = [v for v in available if v < version]
-        if not older or version != max(available):
+        self._newest[model] = version
+        routing = self.router.model_routing(model)
+        if not previous or STABLE in routing.labels:
             return
         if routing.labels:
             logger.warning(
                 "model %s: version %d now answers every request that names no version or "
                 "label, in place of version %d: the routing labels %s but no 'stable' "
                 "version; label the version that should keep that traffic 'stable'",
-                model, version, older[-1],
+                model, version, previous,
                 ", ".join(f"{k}={v}" for k, v in sorted(routing.labels.items())),
             )  # fmt: skip
         else:
@@ -322,7 +330,7 @@ class Gateway:
                 "model %s: version %d now answers requests that name no version (the "
                 "highest available; version %d did before); to run a new version as a "
                 "canary instead, label the serving one 'stable' before publishing",
-                model, version, older[-1],
+                model, version, previous,
             )  # fmt: skip
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
