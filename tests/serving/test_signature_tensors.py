@@ -24,6 +24,7 @@ from serving.tensors import (
     outputs_to_predictions,
     tensor_proto_to_numpy,
 )
+from tests.serving.test_tensors import proto as _proto
 
 NUMERIC = [
     np.float32,
@@ -203,18 +204,6 @@ def test_half_and_complex_typed_fields() -> None:
 def test_packed_content_is_not_copied() -> None:
     array = tensor_proto_to_numpy(numpy_to_tensor_proto(np.ones((64, 64), np.float32)))
     assert not array.flags.writeable and not array.flags.owndata
-
-
-def _proto(dtype: int, dims: list[int], **fields: object) -> TensorProto:
-    proto = TensorProto(dtype=dtype)
-    for size in dims:
-        proto.tensor_shape.dim.add(size=size)
-    for name, value in fields.items():
-        if isinstance(value, list):
-            getattr(proto, name).extend(value)
-        else:
-            setattr(proto, name, value)
-    return proto
 
 
 @pytest.mark.parametrize(

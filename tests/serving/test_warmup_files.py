@@ -23,6 +23,7 @@ from serving.backends.savedmodel import SavedModelBackend
 from serving.errors import InvalidArgument, ServingError
 from serving.tensors import numpy_to_tensor_proto
 from serving.warmup import MAX_WARMUP_RECORDS, WARMUP_FILE, warm_up
+from tests.serving.test_backends import Recording
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,22 +62,6 @@ def version_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("half_plus_two") / "1"
     write_half_plus_two(directory)
     return directory
-
-
-class Recording:
-    """Wraps a backend and records the signatures it runs."""
-
-    def __init__(self, backend: SavedModelBackend) -> None:
-        self.backend = backend
-        self.signatures = backend.signatures
-        self.calls: list[tuple[str, dict[str, np.ndarray]]] = []
-
-    def run(self, name: str, inputs: dict, timeout: float | None = None) -> dict:
-        self.calls.append((name, inputs))
-        return self.backend.run(name, inputs, timeout)
-
-    def close(self) -> None:
-        self.backend.close()
 
 
 @pytest.fixture(scope="module")
