@@ -149,6 +149,11 @@ class Gateway:
     ) -> None:
         self.config = config or GatewayConfig()
         self.model_root = Path(model_root)
+        # The ways the root may appear in a message, spelled out once, not per error.
+        self._root_spellings = [(str(self.model_root), "<model root>")]
+        for spelled in (self.model_root.resolve, self.model_root.absolute):
+            with contextlib.suppress(OSError, RuntimeError):
+                self._root_spellings.append((str(spelled()), "<model root>"))
         self.metrics = metrics or GatewayMetrics()
         self.health = health or Health()
         self.health.require_model = not self.config.ready_without_models
@@ -352,13 +357,7 @@ class Gateway:
         """``message`` without the server's paths or overlong echoes of client input (see
         ``serving.errors.client_message``); with ``log`` the full message is logged here
         (a version's load error, shown by GetModelStatus, was logged when it failed)."""
-        root = str(self.model_root)
-        roots = [(root, "<model root>")]
-        with contextlib.suppress(OSError, RuntimeError):
-            roots.append((str(self.model_root.resolve()), "<model root>"))
-        with contextlib.suppress(OSError, RuntimeError):
-            roots.append((str(self.model_root.absolute()), "<model root>"))
-        cleaned = client_message(message, roots)
+        cleaned = client_message(message, self._root_spellings)
         if log and cleaned != message and len(message) <= 4 * len(cleaned) + 1000:
             logger.info("answered a client with %r; in full: %s", cleaned, message)
         return cleaned
