@@ -191,12 +191,8 @@ async def read_body(request: web.Request) -> bytes:
     """The whole request body; ``ClientDisconnected`` if the client left while sending it."""
     try:
         return await request.read()
-    except ConnectionError:
-        raise ClientDisconnected(
-            "the client closed the connection while sending the request body"
-        ) from None
-    except HttpProcessingError as exc:
-        if _disconnected(request):
+    except (ConnectionError, HttpProcessingError) as exc:
+        if isinstance(exc, ConnectionError) or _disconnected(request):
             raise ClientDisconnected(
                 "the client closed the connection while sending the request body"
             ) from None
@@ -346,10 +342,6 @@ def _worker_started() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _ready() -> bool:
-    return True
-
-
 class BodyWorkers:
     """A small pool of worker processes for large bodies, started on first use.
 
@@ -389,10 +381,6 @@ class BodyWorkers:
         if isinstance(result, _Failed):
             raise result.error()
         return result
-
-    def warm_up(self) -> None:
-        """Start the workers now (their imports take seconds), without waiting for them."""
-        self._executor().submit(_ready)
 
     def _discard(self) -> None:
         if self._pool is not None:
