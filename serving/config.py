@@ -21,9 +21,11 @@ from contracts.yaml_config import ConfigError, load_yaml_model
 from serving.batching import BatchingConfig
 from serving.repository import VersionPolicy
 from serving.routing_sync import RoutingSourceConfig
+from serving.validation import MAX_TENSOR_BYTES
 
 MIB = 1024 * 1024
-DEFAULT_MAX_MESSAGE_BYTES = 64 * MIB
+# A tensor a request expands by repetition is capped at the same size (serving.validation).
+DEFAULT_MAX_MESSAGE_BYTES = MAX_TENSOR_BYTES
 
 
 class _Section(BaseModel):

@@ -36,8 +36,9 @@ from serving.signature import (
     tf_type_name,
 )
 
-# The default ``max_message_bytes`` of serving.config: no tensor a request expands by
-# repetition may be larger than a message could carry it written out in full.
+# The largest tensor a request may expand by repetition, unless the server accepts larger
+# messages: no more than a message could carry written out in full. It is also
+# serving.config's default ``max_message_bytes``.
 MAX_TENSOR_BYTES = 64 << 20
 
 
