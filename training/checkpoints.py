@@ -15,11 +15,13 @@ files are flushed to disk (fsync), and only then does CheckpointManager delete t
 oldest checkpoints, so whenever the process dies the newest committed checkpoint is
 still whole on disk.
 
-Saving takes the values on the calling (training) thread; the commit that follows —
-fsync, SHA-256 of each file, the marker, deleting old checkpoints — may run on a
-thread of its own while training goes on (``save(wait=False)``). At most one commit
-is in flight: the next save, any restore and ``wait`` finish it first, and an error
-it met is raised there.
+Saving copies the values on the calling (training) thread, which takes milliseconds;
+TensorFlow's asynchronous checkpointing writes the copies on a thread of its own, and
+the commit that follows — fsync, SHA-256 of each file, the marker, deleting old
+checkpoints — runs off the training thread too, while training goes on
+(``save(wait=False)``). The copies double the memory the saved state takes. At most one
+save is in flight: the next save, any restore and ``wait`` finish it first, and an
+error it met is raised there.
 
 Under ``MultiWorkerMirroredStrategy`` saving involves collectives, so every worker saves;
 only the chief writes into the directory, the others into a per-worker temporary
@@ -29,6 +31,7 @@ Every worker restores from the chief's directory.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -205,6 +208,7 @@ class CheckpointKeeper:
             scratch = self.directory.parent / f"workertemp_{worker_index}"
             self._write_dir = scratch / self.directory.name
         self._manager: _CommitFirstManager | None = None
+        self._options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
         self._commit_thread: threading.Thread | None = None
         self._commit_error: BaseException | None = None
         self._last_step: int | None = None
@@ -235,8 +239,8 @@ class CheckpointKeeper:
     def save(self, step: int, *, wait: bool = True) -> str | None:
         """Save and commit a checkpoint for ``step``; its path on the chief, else None.
 
-        The values are saved before this returns; with ``wait=False`` the commit may
-        still be running, off this thread (see ``wait``). Saving the step that was just
+        The values are copied before this returns; with ``wait=False`` their write and
+        commit may still be running, off this thread (see ``wait``). Saving the step that was just
         saved or restored is a no-op, so a final forced save right after a scheduled one
         does not rewrite it.
         """
@@ -252,20 +256,16 @@ class CheckpointKeeper:
             else:
                 shutil.rmtree(self._write_dir.parent, ignore_errors=True)
             written: list[str] = []
-            options = tf.train.CheckpointOptions(experimental_write_callbacks=[written.append])
-            try:
-                self._writer().save(checkpoint_number=step, options=options)
-            finally:
-                if not self.is_chief:
-                    shutil.rmtree(self._write_dir.parent, ignore_errors=True)
-            if self.is_chief:
-                self._commit_thread = threading.Thread(
-                    target=self._commit_and_sweep,
-                    args=(written[0], step),
-                    name=f"checkpoint-commit-{step}",
-                    daemon=True,
-                )
-                self._commit_thread.start()
+            options = copy.copy(self._options)  # building CheckpointOptions costs ~10 ms
+            options.experimental_write_callbacks = [written.append]
+            self._writer().save(checkpoint_number=step, options=options)
+            self._commit_thread = threading.Thread(
+                target=self._finish_save,
+                args=(written, step),
+                name=f"checkpoint-commit-{step}",
+                daemon=True,
+            )
+            self._commit_thread.start()
             self._last_step = step
             self._last_time = self._clock()
         if wait:
@@ -283,14 +283,23 @@ class CheckpointKeeper:
             self._last_step = None
             raise error
 
-    def _commit_and_sweep(self, save_path: str, step: int) -> None:
-        """Commit ``step``, then delete the checkpoints it replaces (the commit thread)."""
+    def _finish_save(self, written: list[str], step: int) -> None:
+        """Wait for TensorFlow's write of ``step``; then, on the chief, commit it and
+        delete the checkpoints it replaces, elsewhere remove the scratch copy (the commit
+        thread)."""
         try:
-            self._commit(save_path, step)
-            self._writer().sweep()
-            self._prune_markers()
+            self.checkpoint.sync()
+            if not written:  # TensorFlow raises the write's own error at the next save
+                raise CheckpointError(f"checkpoint {step} was not written")
+            if self.is_chief:
+                self._commit(written[0], step)
+                self._writer().sweep()
+                self._prune_markers()
         except BaseException as exc:  # raised to the training thread by ``wait``
             self._commit_error = exc
+        finally:
+            if not self.is_chief:
+                shutil.rmtree(self._write_dir.parent, ignore_errors=True)
 
     def _writer(self) -> _CommitFirstManager:
         if self._manager is None:
