@@ -164,6 +164,8 @@ class Controller:
                     self.loss_sum.assign_add(execution.loss * count)
                     self.loss_count.assign_add(count)
                 step = trainer.step
+                if execution.note:
+                    self.log.event(step, execution.note)
                 self.epoch.assign(step // self.task.steps_per_epoch)
                 self._log_execution(step, execution, examples / max(busy, 1e-9))
                 if execution.stop_requested:

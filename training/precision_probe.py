@@ -40,6 +40,7 @@ def model_key(task: ExperimentTask) -> str:
         "inputs": {name: spec.model_dump(mode="json") for name, spec in task.inputs.items()},
         "heads": {name: spec.model_dump(mode="json") for name, spec in task.heads.items()},
         "micro_batch": config.data.batch_size // config.training.gradient_accumulation,
+        "jit_compile": config.training.jit_compile,
     }
     canonical = json.dumps(described, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -96,6 +96,11 @@ class TrainingConfig(StrictModel):
     gradient_accumulation: int = Field(default=1, ge=1, description="micro-batches per update")
     precision: Precision = "auto"
     deterministic: bool = False
+    jit_compile: bool | Literal["auto"] = Field(
+        default="auto",
+        description="XLA-compile each replica's forward and backward pass; auto falls back "
+        "to plain TensorFlow when the model holds ops XLA cannot compile",
+    )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     nonfinite: NonFiniteConfig = Field(default_factory=NonFiniteConfig)
