@@ -9,7 +9,8 @@ Statistics layout (per split, under ``statistics[split]``)::
 
     {"num_records": N,
      "features": {
-        "<numeric>":     {"type": "numeric", "count", "missing", "min", "max", "mean", "std"},
+        "<numeric>":     {"type": "numeric", "count", "missing", "min", "max", "mean", "std",
+                          "as_read": {"mean", "std"}},  # only with clip or transform
         "<categorical>": {"type": "categorical", "count", "missing", "num_distinct",
                           "frequencies": {value: count}},
         "<text>":        {"type": "text", "count", "missing",

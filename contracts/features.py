@@ -5,7 +5,10 @@ record into a ``tf.train.Example`` and a spec into the matching parsing spec, so
 two sides of the file format are written down exactly once.
 
 Encoding, per feature type:
-- numeric: ``float_list`` (float32) or ``int64_list`` (int64), ``shape`` values.
+- numeric: ``float_list`` (float32) or ``int64_list`` (int64), ``shape`` values, as
+  the source holds them. A feature may declare how a model reads it (``clip`` to bounds,
+  then a ``log`` transform for heavy tails): that happens in the model's graph, and the
+  build records the statistics of the values as the model reads them.
 - categorical: ``bytes_list`` with the UTF-8 value; readers map it to an id with the
   manifest's ``vocabulary`` (out-of-vocabulary values get id ``len(vocabulary)``).
 - text: ``bytes_list`` with the UTF-8 text. Readers turn it into token ids with the
@@ -46,6 +49,10 @@ class FeatureSpec:
     vocab_size: int | None = None  # text: number of token ids (ids are 0..vocab_size-1)
     is_label: bool = False
     source_name: str | None = None  # the source column, when named otherwise (`mean radius`)
+    clip: tuple[float, float] | None = None  # numeric: bounds a model clips values to
+    transform: str | None = None  # numeric: "log", sign(x) * log(1 + |x|), after clip
+    normalization: str | None = None  # text, categorical: Unicode form the build stored
+    collapse_whitespace: bool | None = None  # text, categorical: the build collapsed runs
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -57,6 +64,7 @@ class FeatureSpec:
         data.pop("name")
         data["shape"] = list(self.shape)
         data["vocabulary"] = list(self.vocabulary)
+        data["clip"] = list(self.clip) if self.clip else None
         return {key: value for key, value in data.items() if value not in (None, [], {})}
 
     @classmethod
@@ -75,8 +83,34 @@ class FeatureSpec:
             vocab_size=data.get("vocab_size"),
             is_label=bool(data.get("is_label", False)),
             source_name=data.get("source_name"),
+            clip=tuple(data["clip"]) if data.get("clip") else None,
+            transform=data.get("transform"),
+            normalization=data.get("normalization"),
+            collapse_whitespace=data.get("collapse_whitespace"),
             extra=dict(data.get("extra", {})),
         )
+
+    @property
+    def reshaped(self) -> bool:
+        """Whether a model reads this numeric feature otherwise than as stored."""
+        return self.clip is not None or self.transform is not None
+
+    def as_model_reads(self, value: float) -> float:
+        """One value as a model reads it: clipped, then transformed. The statistics a
+        model standardizes with are of these values; ``research.preprocessing.numeric``
+        does the same in the graph."""
+        if self.clip is not None:
+            value = min(max(value, self.clip[0]), self.clip[1])
+        if self.transform == "log":
+            value = math.copysign(math.log1p(abs(value)), value)
+        return value
+
+    def value_read_as(self, read: float) -> float:
+        """A value the model reads as ``read`` (the inverse of ``as_model_reads`` over
+        the clipped range, where a mean of values as read always lies)."""
+        if self.transform == "log":
+            return math.copysign(math.expm1(abs(read)), read)
+        return read
 
 
 def features_from_json(data: Mapping[str, Mapping[str, Any]]) -> dict[str, FeatureSpec]:

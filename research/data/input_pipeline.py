@@ -227,11 +227,23 @@ def describe_inputs(dataset_dir: str | Path, sequence_length: int | None = None)
 
 
 def training_means(manifest: Manifest, features: Mapping[str, FeatureSpec]) -> dict[str, float]:
-    """Each numeric feature's mean over the training split, which a missing value reads as."""
+    """Each numeric feature's mean over the training split, which a missing value reads as.
+
+    For a feature the model reads clipped or transformed, the value it reads as the mean
+    of the values as read: standardized, a missing value is 0 either way, as NaN from a
+    client is.
+    """
     means = {}
     for name, spec in features.items():
-        mean = feature_statistics(manifest, name).get("mean")
-        if spec.type == "numeric" and mean is not None:
+        if spec.type != "numeric":
+            continue
+        statistics = feature_statistics(manifest, name)
+        if spec.reshaped:
+            read = (statistics.get("as_read") or {}).get("mean")
+            mean = None if read is None else spec.value_read_as(read)
+        else:
+            mean = statistics.get("mean")
+        if mean is not None:
             means[name] = float(mean)
     return means
 

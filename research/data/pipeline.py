@@ -26,7 +26,7 @@ from contracts.features import FeatureSpec
 from contracts.yaml_config import ConfigError
 from research.data import filesystems, publish, records
 from research.data.categories import CategoryVocabularies
-from research.data.clean import CleanRecords
+from research.data.clean import STRING_TYPES, CleanRecords
 from research.data.dedup import DeduplicateExact, DeduplicateNear
 from research.data.quality import (
     BuildRejectedError,
@@ -68,7 +68,13 @@ def feature_specs(
     """The manifest's features before the build fills in vocabularies and tokenizers.
 
     ``columns`` maps a feature named otherwise than its source column to that column.
+    String features record how cleaning normalized them, which serving repeats.
     """
+    form = spec.clean.unicode_normalization
+    strings = {
+        "normalization": None if form == "none" else form,
+        "collapse_whitespace": spec.clean.collapse_whitespace,
+    }
     return {
         name: FeatureSpec(
             name=name,
@@ -80,6 +86,9 @@ def feature_specs(
             channels=field.channels,
             is_label=name in spec.labels,
             source_name=(columns or {}).get(name),
+            clip=field.clip,
+            transform=field.transform,
+            **(strings if field.type in STRING_TYPES else {}),
         )
         for name, field in schema.items()
     }

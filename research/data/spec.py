@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -126,9 +127,27 @@ class FieldSchema(StrictModel):
     channels: Literal[1, 3] | None = Field(
         default=None, description="image only: 1 grey, 3 RGB; images are converted to it"
     )
+    clip: tuple[float, float] | None = Field(
+        default=None,
+        description="numeric only: [low, high] a model clips values to (outliers); the data "
+        "keeps them as they are",
+    )
+    transform: Literal["log"] | None = Field(
+        default=None,
+        description="numeric only: log reads sign(x) * log(1 + |x|), after clip, for heavy "
+        "tails (incomes, counts); the statistics a model standardizes with are of these values",
+    )
 
     @model_validator(mode="after")
     def _check_kind_specific(self) -> FieldSchema:
+        if self.type != "numeric" and (self.clip is not None or self.transform is not None):
+            raise ValueError("clip and transform apply to numeric fields only")
+        if self.clip is not None and not (
+            math.isfinite(self.clip[0])
+            and math.isfinite(self.clip[1])
+            and self.clip[0] < self.clip[1]
+        ):
+            raise ValueError(f"clip must be two finite numbers, low < high; got {list(self.clip)}")
         if self.type == "image" and None in (self.height, self.width, self.channels):
             raise ValueError("an image field needs height, width and channels")
         if self.type != "numeric" and self.shape:

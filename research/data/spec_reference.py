@@ -53,6 +53,8 @@ EXAMPLES: dict[str, Any] = {
     "sources[hdf5].fields": {"image": "/scans", "label": "/labels"},
     "sources[hdf5].images": ["image"],
     "schema.<field>.shape": [3],
+    "schema.<field>.clip": [0, 1000000],
+    "schema.<field>.transform": "log",
     "clean.unicode_normalization": "NFC",
     "clean.collapse_whitespace": False,
     "clean.pii.enabled": False,

@@ -83,8 +83,8 @@ def nearest_rank_quantiles(lengths: Counter[int]) -> dict[str, int | None]:
     return {f"p{q}": result[f"p{q}"] for q in QUANTILES}
 
 
-class _NumericAccumulator:
-    """Count, extremes and the first two moments over every value of a numeric feature.
+class _ExactMoments:
+    """The number of values, their sum and the sum of their squares, exactly.
 
     The usual mergeable form (Chan et al.'s pairwise update of mean and M2) is stable,
     but its rounding depends on the order bundles are merged in, so two runners could
@@ -94,11 +94,47 @@ class _NumericAccumulator:
     """
 
     def __init__(self) -> None:
-        self.count = 0  # records with a value
-        self.missing = 0
-        self.num_values = 0
+        self.count = 0
         self.scaled_sum = 0
         self.scaled_sum_squares = 0
+
+    def add(self, number: int | float) -> None:
+        scaled, scaled_square = _scaled(number, _SCALE_BITS)
+        self.count += 1
+        self.scaled_sum += scaled
+        self.scaled_sum_squares += scaled_square
+
+    def merge(self, other: _ExactMoments) -> None:
+        self.count += other.count
+        self.scaled_sum += other.scaled_sum
+        self.scaled_sum_squares += other.scaled_sum_squares
+
+    def mean_std(self) -> dict[str, float | None]:
+        n = self.count
+        if n == 0:
+            return {"mean": None, "std": None}
+        # var = (n * sum(x^2) - sum(x)^2) / n^2, exactly, in units of 2**-(2 * 1074).
+        variance = Fraction(
+            n * self.scaled_sum_squares - self.scaled_sum * self.scaled_sum,
+            (n * n) << (2 * _SCALE_BITS),
+        )
+        return {
+            "mean": float(Fraction(self.scaled_sum, n << _SCALE_BITS)),
+            "std": math.sqrt(float(variance)),
+        }
+
+
+class _NumericAccumulator:
+    """Count, extremes and the first two moments over every value of a numeric feature;
+    for a feature a model reads clipped or transformed, the moments of the values as it
+    reads them too (``as_model_reads``), which is what it standardizes with."""
+
+    def __init__(self, spec: FeatureSpec) -> None:
+        self.count = 0  # records with a value
+        self.missing = 0
+        self.moments = _ExactMoments()
+        self.read = _ExactMoments() if spec.reshaped else None
+        self._spec = spec
         self.min: int | float | None = None
         self.max: int | float | None = None
 
@@ -114,49 +150,35 @@ class _NumericAccumulator:
             number = _as_number(raw)
             if number is None:
                 continue
-            scaled, scaled_square = _scaled(number, _SCALE_BITS)
-            self.num_values += 1
-            self.scaled_sum += scaled
-            self.scaled_sum_squares += scaled_square
+            self.moments.add(number)
+            if self.read is not None:
+                self.read.add(self._spec.as_model_reads(number))
             self.min = number if self.min is None else min(self.min, number)
             self.max = number if self.max is None else max(self.max, number)
 
     def merge(self, other: _NumericAccumulator) -> None:
         self.count += other.count
         self.missing += other.missing
-        self.num_values += other.num_values
-        self.scaled_sum += other.scaled_sum
-        self.scaled_sum_squares += other.scaled_sum_squares
+        self.moments.merge(other.moments)
+        if self.read is not None and other.read is not None:
+            self.read.merge(other.read)
         for extreme, pick in (("min", min), ("max", max)):
             mine, theirs = getattr(self, extreme), getattr(other, extreme)
             if theirs is not None:
                 setattr(self, extreme, theirs if mine is None else pick(mine, theirs))
 
     def result(self, spec: FeatureSpec) -> dict[str, Any]:
+        as_output = int if spec.dtype == "int64" else float
         stats: dict[str, Any] = {
             "type": "numeric",
             "count": self.count,
             "missing": self.missing,
-            "min": None,
-            "max": None,
-            "mean": None,
-            "std": None,
+            "min": None if self.min is None else as_output(self.min),
+            "max": None if self.max is None else as_output(self.max),
+            **self.moments.mean_std(),
         }
-        n = self.num_values
-        if n == 0:
-            return stats
-        as_output = int if spec.dtype == "int64" else float
-        # var = (n * sum(x^2) - sum(x)^2) / n^2, exactly, in units of 2**-(2 * 1074).
-        variance = Fraction(
-            n * self.scaled_sum_squares - self.scaled_sum * self.scaled_sum,
-            (n * n) << (2 * _SCALE_BITS),
-        )
-        stats.update(
-            min=as_output(self.min),
-            max=as_output(self.max),
-            mean=float(Fraction(self.scaled_sum, n << _SCALE_BITS)),
-            std=math.sqrt(float(variance)),
-        )
+        if self.read is not None:
+            stats["as_read"] = self.read.mean_std()
         return stats
 
 
@@ -276,7 +298,7 @@ _FeatureAccumulator = (
 
 def _new_feature_accumulator(spec: FeatureSpec, count_values: bool) -> _FeatureAccumulator:
     if spec.type == "numeric":
-        return _NumericAccumulator()
+        return _NumericAccumulator(spec)
     if spec.type == "categorical":
         return _CategoricalAccumulator(count_values)
     if spec.type == "text":

@@ -8,6 +8,7 @@ Raw form, per feature type (what a client sends under the feature's dataset name
 - numeric: float32 values of the feature's shape -> standardized float32;
 - categorical: the category string -> int64 id (0 for a value never seen in training);
 - text: the text -> int32 token ids of the dataset's sentencepiece model, padded;
+  both strings cleaned first as the build cleaned them (Unicode form, whitespace);
 - image: the encoded file (PNG, JPEG, ...) -> float32 pixels in [0, 1].
 """
 
@@ -26,6 +27,7 @@ from contracts.features import FeatureSpec
 from research.preprocessing.categorical import category_lookup
 from research.preprocessing.image import ImageDecoder, image_decoder
 from research.preprocessing.numeric import standardizer
+from research.preprocessing.strings import StringCleaner, string_cleaner
 from research.preprocessing.text import tokenizer_for
 
 TRAIN_SPLIT = "train"
@@ -89,10 +91,14 @@ class FeaturePreprocessor(tf.Module):
     """
 
     def __init__(
-        self, layers: Mapping[str, keras.layers.Layer], specs: Mapping[str, tf.TensorSpec]
+        self,
+        layers: Mapping[str, keras.layers.Layer],
+        specs: Mapping[str, tf.TensorSpec],
+        cleaners: Mapping[str, StringCleaner] | None = None,
     ):
         super().__init__(name="preprocessing")
         self.layers = dict(layers)
+        self.cleaners = dict(cleaners or {})  # string features: applied before their layer
         self._specs = dict(specs)
 
     @classmethod
@@ -105,14 +111,16 @@ class FeaturePreprocessor(tf.Module):
         sequence_lengths: Mapping[str, int | None] | None = None,
     ) -> FeaturePreprocessor:
         context = DatasetContext(manifest, Path(dataset_dir), dict(sequence_lengths or {}))
-        layers, specs = {}, {}
+        layers, specs, cleaners = {}, {}, {}
         for name, feature in features.items():
             build = _BUILDERS.get(feature.type)
             if build is None:
                 raise ValueError(f"feature {name!r}: unknown type {feature.type!r}")
             layers[name] = build(feature, context)
             specs[name] = raw_spec(feature)
-        return cls(layers, specs)
+            if feature.type in ("text", "categorical") and (cleaner := string_cleaner(feature)):
+                cleaners[name] = cleaner
+        return cls(layers, specs, cleaners)
 
     @classmethod
     def for_inputs(
@@ -146,4 +154,8 @@ class FeaturePreprocessor(tf.Module):
         unknown = sorted(set(raw) - set(self.layers))
         if unknown:
             raise ValueError(f"no preprocessing for {unknown}; it has {sorted(self.layers)}")
-        return {name: self.layers[name](value) for name, value in raw.items()}
+        return {name: self.layers[name](self._cleaned(name, value)) for name, value in raw.items()}
+
+    def _cleaned(self, name: str, value: tf.Tensor) -> tf.Tensor:
+        cleaner = self.cleaners.get(name)
+        return value if cleaner is None else cleaner(value)

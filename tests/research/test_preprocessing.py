@@ -47,6 +47,17 @@ def test_nan_standardizes_to_the_mean_as_a_missing_training_value_does() -> None
     np.testing.assert_allclose(values, [[0.0, 2.0], [-2.0, 0.0]])
 
 
+def test_a_clipped_log_feature_is_read_as_its_spec_says_and_standardized_as_read() -> None:
+    spec = FeatureSpec("income", "numeric", clip=(-5.0, 1e6), transform="log")
+    layer = standardizer(spec, {"mean": 5e5, "std": 1e6, "as_read": {"mean": 2.0, "std": 4.0}})
+    raw = [0.0, 9.0, -3.0, -80.0, 1e7, 4.2e4]
+    values = layer(tf.constant(raw + [float("nan")])).numpy()
+    expected = [(spec.as_model_reads(v) - 2.0) / 4.0 for v in raw] + [0.0]
+    np.testing.assert_allclose(values, expected, rtol=1e-6)
+    rebuilt = type(layer).from_config(layer.get_config())
+    np.testing.assert_array_equal(rebuilt(tf.constant(raw)).numpy(), values[:-1])
+
+
 @pytest.mark.parametrize("stats", [{}, {"mean": 3.0, "std": 0.0}, {"mean": None, "std": None}])
 def test_a_constant_or_unmeasured_feature_is_never_divided_by_zero(stats: dict) -> None:
     layer = standardizer(FeatureSpec("x", "numeric", dtype="int64"), stats)

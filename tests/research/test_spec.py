@@ -61,6 +61,21 @@ def test_image_field_needs_dimensions(tmp_path):
         load_spec(path)
 
 
+@pytest.mark.parametrize(
+    ("field", "message"),
+    [
+        ("{type: categorical, transform: log}", "clip and transform apply to numeric fields only"),
+        ("{type: numeric, clip: [5, 1]}", r"clip must be two finite numbers, low < high"),
+        ("{type: numeric, clip: [0, .inf]}", r"clip must be two finite numbers"),
+        ("{type: numeric, transform: sqrt}", r"schema.b.transform"),
+    ],
+)
+def test_clip_and_transform_are_checked_where_they_are_written(tmp_path, field, message):
+    body = f"name: t\nsources:\n  - {{type: csv, path: data.csv}}\nschema:\n  b: {field}\n"
+    with pytest.raises(ConfigError, match=message):
+        load_spec(write_spec(tmp_path, body))
+
+
 def test_spec_hash_is_stable_and_sensitive(tmp_path):
     first = load_spec(write_spec(tmp_path, "name: t\nsources:\n  - {type: csv, path: data.csv}\n"))
     again = DatasetSpec.model_validate(first.model_dump(by_alias=True))

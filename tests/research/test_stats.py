@@ -88,6 +88,29 @@ def test_numeric_std_survives_catastrophic_cancellation():
     assert stats["std"] == math.sqrt(2.0 / 3.0)
 
 
+def test_a_clipped_log_feature_also_has_the_statistics_of_its_values_as_read():
+    spec = FeatureSpec(name="income", type="numeric", clip=(-10.0, 1e6), transform="log")
+    raw = [0.0, 3.0, 250.0, 4.2e4, 9e9, -50.0]
+    halves = [[{"income": v} for v in raw[:2]], [{"income": v} for v in raw[2:]]]
+    fn = StatisticsCombineFn({"income": spec})
+    parts = []
+    for half in halves:  # merged from two bundles, as a runner would
+        accumulator = fn.create_accumulator()
+        for record in half:
+            accumulator = fn.add_input(accumulator, record)
+        parts.append(accumulator)
+    stats = fn.extract_output(fn.merge_accumulators(parts))["features"]["income"]
+
+    read = np.clip(np.array(raw), -10.0, 1e6)
+    read = np.sign(read) * np.log1p(np.abs(read))
+    assert (stats["min"], stats["max"]) == (-50.0, 9e9)  # the data as it is
+    assert stats["mean"] == pytest.approx(np.mean(raw), rel=1e-15)
+    assert stats["as_read"]["mean"] == pytest.approx(read.mean(), rel=1e-15)
+    assert stats["as_read"]["std"] == pytest.approx(read.std(), rel=1e-15)
+    plain = single_pass({"x": FEATURES["x"]}, [{"x": 1.0}])["features"]["x"]
+    assert "as_read" not in plain
+
+
 def test_numeric_vector_statistics_cover_every_value():
     records = [{"vec": [1.0, 2.0, 3.0]}, {"vec": np.array([4.0, 5.0, 6.0])}, {"vec": []}]
     stats = single_pass({"vec": FEATURES["vec"]}, records)["features"]["vec"]

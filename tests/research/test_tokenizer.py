@@ -176,7 +176,9 @@ def test_a_build_whose_training_split_has_no_text_is_refused_naming_the_field(
     assert not (tmp_path / "out").exists()
 
 
-def _sample_in_parts(texts: list[str], parts: int, max_texts: int, max_characters: int) -> list[str]:
+def _sample_in_parts(
+    texts: list[str], parts: int, max_texts: int, max_characters: int
+) -> list[str]:
     from research.data.tokenizer import ContentSample
 
     combine = ContentSample(max_texts, max_characters)
