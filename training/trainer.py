@@ -337,26 +337,33 @@ class Trainer:
         try:
             loss, norm, stop, rate = self._execute(self.iterator, *arguments)
         except tf.errors.InvalidArgumentError as error:
-            reason = _xla_refusal(error)
-            if not (self._first_execution and self.jit_compiled and reason):
-                raise
-            if self._jit_compile is True:
-                raise TrainingSetupError(
-                    f"training.jit_compile: true, but the model does not compile with XLA "
-                    f"({reason}); set it to auto or false"
-                ) from None
-            # Nothing was applied: the refusal comes at the first forward pass, after
-            # only the input moved on, and the input is read again from its position.
-            note = f"XLA cannot compile this model ({reason}); training without it"
-            self.jit_compiled = False
-            self._execute = self._compile_execution()
-            self.seek_input()
+            note = self._fall_back_from_xla(error)
             loss, norm, stop, rate = self._execute(self.iterator, *arguments)
         if self._first_execution and self.jit_compiled:
             note = "forward and backward pass compiled with XLA"
         self._first_execution = False
         self.input_position.assign_add(num_updates * self.accumulation)
         return Execution(float(loss), float(norm), float(rate), float(stop) > 0, note)
+
+    def _fall_back_from_xla(self, error: tf.errors.InvalidArgumentError) -> str:
+        """Rebuild the execution without XLA when XLA refused the model at the first
+        execution, and say so for the run log; any other error is raised as it is.
+
+        Nothing was applied: the refusal comes at the first forward pass, after only the
+        input moved on, and the input is read again from its position.
+        """
+        reason = _xla_refusal(error)
+        if not (self._first_execution and self.jit_compiled and reason):
+            raise error
+        if self._jit_compile is True:
+            raise TrainingSetupError(
+                f"training.jit_compile: true, but the model does not compile with XLA "
+                f"({reason}); set it to auto or false"
+            ) from None
+        self.jit_compiled = False
+        self._execute = self._compile_execution()
+        self.seek_input()
+        return f"XLA cannot compile this model ({reason}); training without it"
 
     def _compile_execution(self) -> Any:
         update, schedule, optimizer = self._update, self.schedule, self.optimizer
