@@ -209,17 +209,17 @@ def _run_batch(
 
 
 def _request_rows(inputs: Tensors) -> int | None:
-    """The request's batch size, or None if it cannot be batched (scalars, zero rows)."""
+    """The request's batch size, or None if it cannot be batched: scalars, zero rows, or
+    inputs whose first dimensions differ (TF Serving's columnar format allows that, and
+    only the model can say what it means)."""
     if not inputs:
         raise InvalidArgument("the request has no inputs")
     if any(array.ndim == 0 for array in inputs.values()):
         return None
-    sizes = {name: array.shape[0] for name, array in inputs.items()}
-    if len(set(sizes.values())) > 1:
-        listed = ", ".join(f"{name}: {size}" for name, size in sorted(sizes.items()))
-        raise InvalidArgument(f"inputs have different batch sizes ({listed})")
-    rows = next(iter(sizes.values()))
-    return rows or None
+    sizes = {array.shape[0] for array in inputs.values()}
+    if len(sizes) > 1:
+        return None
+    return sizes.pop() or None
 
 
 def _shape_key(inputs: Tensors, pad_variable_length: bool) -> Hashable:

@@ -51,8 +51,9 @@ def validate_inputs(
     """``inputs`` as the model takes them, or ``InvalidArgument`` saying why not.
 
     Names must match exactly; each shape must fit its spec (``None`` dims match any
-    size) and each dtype must be the spec's; inputs whose first dimension is the free
-    batch dimension must agree on it. Arrays that repeat one value over their shape
+    size) and each dtype must be the spec's. Inputs need not agree on their first
+    dimension (TF Serving's columnar format allows it; the model decides, and the
+    batcher runs such a request alone). Arrays that repeat one value over their shape
     (read-only broadcast views, as decoded protos give them) are written out here,
     once they are known to fit, and only if they are at most ``max_bytes``.
     """
@@ -63,7 +64,6 @@ def validate_inputs(
         array = np.asarray(inputs[name])
         check_declared(spec, array.dtype, array.shape, args[name])
         checked[name] = _settled(spec, array, max_bytes)
-    _check_batch(checked, signature)
     return checked
 
 
@@ -167,14 +167,3 @@ def _mismatch(spec: TensorSpec, dtype: np.dtype, shape: tuple[int, ...]) -> str:
         f"input {spec.name!r}: expected {spec.describe()}, "
         f"got {dtype_name(dtype)} {shape_text(shape)}"
     )
-
-
-def _check_batch(inputs: Mapping[str, np.ndarray], signature: Signature) -> None:
-    sizes = {
-        name: inputs[name].shape[0]
-        for name, spec in signature.inputs.items()
-        if spec.shape and spec.shape[0] is None
-    }
-    if len(set(sizes.values())) > 1:
-        described = ", ".join(f"{name!r} has {size}" for name, size in sizes.items())
-        raise InvalidArgument(f"inputs disagree on batch size: {described}")

@@ -15,7 +15,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from serving.batching import Batcher, BatchingConfig, merge_inputs, split_outputs
-from serving.errors import DeadlineExceeded, Internal, InvalidArgument, NotFound, Unavailable
+from serving.errors import DeadlineExceeded, Internal, NotFound, Unavailable
 
 LONG_TIMEOUT_MICROS = 30_000_000  # a batch never times out during a test
 
@@ -553,11 +553,19 @@ def test_close_without_drain_fails_queued_work_with_unavailable() -> None:
     assert 80 not in model.rows_seen()
 
 
-def test_inputs_with_different_batch_sizes_are_invalid() -> None:
+def test_inputs_with_different_first_dimensions_run_alone_as_they_came() -> None:
+    seen: list[tuple[int, int]] = []
+
+    def lengths(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen.append((len(inputs["a"]), len(inputs["b"])))
+        return {"a": np.array(len(inputs["a"])), "b": np.array(len(inputs["b"]))}
+
     async def body() -> None:
-        batcher = Batcher(Model(), config())
-        with pytest.raises(InvalidArgument, match="different batch sizes"):
-            await batcher.submit({"a": np.zeros((2, 1)), "b": np.zeros((3, 1))})
+        batcher = Batcher(lengths, config(max_batch_size=8))
+        request = {"a": np.zeros((2, 1)), "b": np.zeros((3, 1))}
+        answers = await asyncio.gather(batcher.submit(request), batcher.submit(request))
+        assert [(int(a["a"]), int(a["b"])) for a in answers] == [(2, 3), (2, 3)]
+        assert seen == [(2, 3), (2, 3)]  # never merged with each other
         await batcher.close()
 
     run(body())

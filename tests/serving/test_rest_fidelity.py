@@ -9,11 +9,13 @@ import json
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
-from tensorflow_serving.apis import classification_pb2, prediction_service_pb2_grpc
+import tensorflow as tf
+from tensorflow_serving.apis import classification_pb2, predict_pb2, prediction_service_pb2_grpc
 
 from serving.inference_results import classes_from_outputs, classification_proto, top_classes
 from serving.tensors import float32_json_value, outputs_to_predictions
@@ -24,6 +26,25 @@ from tests.serving.test_warmup_files import example, write_half_plus_two
 pytestmark = pytest.mark.timeout(120)
 
 MODEL = "half_plus_two"
+UNBATCHED = "two_lengths"
+
+
+def write_two_lengths(directory: Path) -> None:
+    """A model whose two inputs have lengths of their own (TF Serving's columnar format
+    lets them differ): the sum of one, the other doubled."""
+
+    class TwoLengths(tf.Module):
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None], tf.float32, name="a"),
+                tf.TensorSpec([None], tf.float32, name="b"),
+            ]
+        )
+        def serve(self, a: tf.Tensor, b: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"sum_a": tf.reduce_sum(a), "b_doubled": 2.0 * b}
+
+    module = TwoLengths()
+    tf.saved_model.save(module, str(directory), signatures={"serving_default": module.serve})
 
 
 def as_json(value: object) -> str:
@@ -103,11 +124,13 @@ def test_classes_without_names_have_a_score_and_no_label() -> None:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
     root = tmp_path_factory.mktemp("fidelity") / "models"
     write_half_plus_two(root / MODEL / "1")
+    write_two_lengths(root / UNBATCHED / "1")
     with GatewayThread(root) as thread:
         deadline = time.monotonic() + 60
-        while http(thread, "GET", f"/v1/models/{MODEL}")[0] != 200:
-            assert time.monotonic() < deadline, "the model did not load"
-            time.sleep(0.1)
+        for name in (MODEL, UNBATCHED):
+            while http(thread, "GET", f"/v1/models/{name}")[0] != 200:
+                assert time.monotonic() < deadline, f"{name} did not load"
+                time.sleep(0.1)
         yield thread
 
 
@@ -152,6 +175,21 @@ def test_grpc_classify_without_classes_output_sets_scores_only(server: GatewayTh
         response = stub.Classify(request, timeout=30)
     [classifications] = response.result.classifications
     assert [(c.label, c.score) for c in classifications.classes] == [("", 1.0), ("", 2.5)]
+
+
+def test_columnar_inputs_need_not_share_their_first_dimension(server: GatewayThread) -> None:
+    body = {"inputs": {"a": [1.0, 2.0, 3.0], "b": [5.0]}}
+    status, answer = http(server, "POST", f"/v1/models/{UNBATCHED}:predict", body)
+    assert (status, answer) == (200, {"outputs": {"sum_a": 6.0, "b_doubled": [10.0]}})
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = UNBATCHED
+    request.inputs["a"].CopyFrom(tf.make_tensor_proto(np.array([1.0, 2.0], np.float32)))
+    request.inputs["b"].CopyFrom(tf.make_tensor_proto(np.array([4.0, 5.0, 6.0], np.float32)))
+    with grpc.insecure_channel(server.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        response = stub.Predict(request, timeout=30)
+    assert tf.make_ndarray(response.outputs["sum_a"]) == 3.0
+    assert tf.make_ndarray(response.outputs["b_doubled"]).tolist() == [8.0, 10.0, 12.0]
 
 
 def test_metadata_prints_default_fields_as_tf_serving(server: GatewayThread) -> None:
