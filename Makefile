@@ -11,7 +11,7 @@ INSTALL_SPEC ?= .[dev]
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: install prometheus image test demo bench lint clean
+.PHONY: install prometheus nginx image test demo bench lint clean
 
 install: $(STAMP)
 
@@ -28,6 +28,12 @@ prometheus:
 	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 \
 		|| { SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
 		     $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus; }
+
+# Optional: the gRPC balancer test runs Debian's real nginx in front of two gateways.
+nginx:
+	@command -v nginx >/dev/null 2>&1 \
+		|| { SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+		     $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nginx; }
 
 # The image the Kubernetes manifests in ops/deploy run.
 image:

@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "compression.cli",
     "serving.cli",
     "ops.cli",
+    "ops.balancer_cli",
 )
 
 EXIT_OK = 0

@@ -401,6 +401,7 @@ def test_every_asset_parses() -> None:
         "kubernetes/routing-source.yaml",
         "kubernetes/kustomization.yaml",
         "kubernetes/tfjob.yaml",
+        "kubernetes/grpc-balancer.yaml",
         "prometheus/prometheus.yml",
         "prometheus/rules/recording.yml",
         "prometheus/rules/alerts.yml",
@@ -421,13 +422,16 @@ def test_kustomization_holds_the_gateway_objects(objects: list[dict[str, Any]]) 
     kinds = sorted((o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in objects)
     assert kinds == [
         ("apps/v1", "Deployment", "slipway-gateway"),
+        ("apps/v1", "Deployment", "slipway-grpc-balancer"),
         ("apps/v1", "Deployment", "slipway-routing"),
         ("autoscaling/v2", "HorizontalPodAutoscaler", "slipway-gateway"),
         ("policy/v1", "PodDisruptionBudget", "slipway-gateway"),
         ("v1", "ConfigMap", "slipway-gateway-config"),
+        ("v1", "ConfigMap", "slipway-grpc-balancer"),
         ("v1", "ConfigMap", "slipway-routing"),
         ("v1", "Service", "slipway-gateway"),
         ("v1", "Service", "slipway-gateway-headless"),
+        ("v1", "Service", "slipway-grpc"),
         ("v1", "Service", "slipway-routing"),
     ]
 
@@ -637,7 +641,7 @@ def test_services_budget_and_autoscaler_select_the_gateway_pods(
     assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     port_names = {port["name"] for port in container["ports"]}
     services = [
-        o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] != "slipway-routing"
+        find(objects, "Service", name) for name in ("slipway-gateway", "slipway-gateway-headless")
     ]
     for service in services:
         assert service["spec"]["selector"].items() <= pod_labels.items()
@@ -662,6 +666,46 @@ def test_services_budget_and_autoscaler_select_the_gateway_pods(
 
 
 # =========================================================================== tests: metric names
+
+
+def test_the_grpc_balancer_spreads_calls_over_the_ready_gateway_pods(
+    objects: list[dict[str, Any]],
+) -> None:
+    config_map = find(objects, "ConfigMap", "slipway-grpc-balancer")
+    envoy = yaml.safe_load(config_map["data"]["envoy.yaml"])
+    [cluster] = envoy["static_resources"]["clusters"]
+    assert (cluster["type"], cluster["lb_policy"]) == ("STRICT_DNS", "ROUND_ROBIN")
+    [endpoints] = cluster["load_assignment"]["endpoints"]
+    [address] = [e["endpoint"]["address"]["socket_address"] for e in endpoints["lb_endpoints"]]
+    headless = find(objects, "Service", "slipway-gateway-headless")
+    grpc_port = next(p for p in headless["spec"]["ports"] if p["name"] == "grpc")
+    assert (address["address"], address["port_value"]) == (
+        "slipway-gateway-headless",
+        grpc_port["port"],
+    )
+    options = cluster["typed_extension_protocol_options"]
+    [protocol] = options.values()
+    assert "http2_protocol_options" in protocol["explicit_http_config"]  # gRPC upstream
+    assert cluster["health_checks"][0]["grpc_health_check"] == {}  # the gateway's health service
+    [listener] = envoy["static_resources"]["listeners"]
+    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    [route] = manager["route_config"]["virtual_hosts"][0]["routes"]
+    retried = set(route["route"]["retry_policy"]["retry_on"].split(","))
+    assert {"connect-failure", "unavailable"} <= retried
+
+    balancer = find(objects, "Deployment", "slipway-grpc-balancer")
+    pod = balancer["spec"]["template"]
+    [container] = pod["spec"]["containers"]
+    [port] = container["ports"]
+    assert port["containerPort"] == listener["address"]["socket_address"]["port_value"]
+    config_path = container["args"][container["args"].index("-c") + 1]
+    [mount] = container["volumeMounts"]
+    assert config_path == f"{mount['mountPath']}/envoy.yaml"
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    service = find(objects, "Service", "slipway-grpc")
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == [port["name"]]
 
 
 def test_reference_scanner_reads_names_and_matchers() -> None:
