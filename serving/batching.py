@@ -82,6 +82,18 @@ class BatchingConfig(BaseModel):
         return self
 
 
+def shadow_batching(config: BatchingConfig) -> BatchingConfig:
+    """The batching of mirrored (shadow) copies of a version's requests: the same batches,
+    one thread, and a quarter of the queue bound, so that shadow traffic takes at most one
+    batch thread's worth of the machine and is shed before it could fill a queue."""
+    return config.model_copy(
+        update={
+            "num_batch_threads": 1,
+            "max_enqueued_batches": max(1, config.max_enqueued_batches // 4),
+        }
+    )
+
+
 class BatchObserver(Protocol):
     """Receives the batcher's measurements (e.g. ``serving.metrics.BatchMetricsObserver``)."""
 

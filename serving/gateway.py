@@ -29,7 +29,7 @@ import numpy as np
 from tensorflow.core.example.example_pb2 import Example
 
 from serving.backends import open_backend
-from serving.batching import Batcher, BatchingConfig
+from serving.batching import Batcher, BatchingConfig, shadow_batching
 from serving.config import GatewayConfig
 from serving.errors import (
     FailedPrecondition,
@@ -55,7 +55,15 @@ from serving.prediction_log import (
 from serving.remote_models import RemoteModels
 from serving.repository import ModelRepository, Servable, VersionState, VersionStatus
 from serving.request_id import new_request_id
-from serving.routing import CANARY, STABLE, ModelRouting, RouteDecision, Router, RoutingConfig
+from serving.routing import (
+    CANARY,
+    SHADOW,
+    STABLE,
+    ModelRouting,
+    RouteDecision,
+    Router,
+    RoutingConfig,
+)
 from serving.routing_store import RoutingStore
 from serving.shadow import compare_outputs
 from serving.signature import Signature, Tensors
@@ -176,7 +184,8 @@ class Gateway:
             ttl_s=self.config.feedback.ttl_s,
         )
         self.prediction_log = open_prediction_log(self.config.prediction_log, self.metrics)
-        self._batchers: dict[tuple[str, int, str], Batcher] = {}
+        # (model, version, signature, shadow): mirrored copies queue apart (``_batcher``).
+        self._batchers: dict[tuple[str, int, str, bool], Batcher] = {}
         # Per model, the highest version seen available: the one answering requests that
         # name no version when no label is 'stable' (see ``_note_default_version``).
         self._newest: dict[str, int] = {}
@@ -456,8 +465,15 @@ class Gateway:
             return STABLE
         return "explicit"
 
-    def _batcher(self, servable: Servable, signature_name: str) -> Batcher:
-        key = (servable.model, servable.version, signature_name)
+    def _batcher(self, servable: Servable, signature_name: str, *, shadow: bool) -> Batcher:
+        """The batch queue of one (model, version, signature), or its shadow queue.
+
+        Mirrored copies never queue with the requests clients wait for: a shadow queue
+        has one batch thread and a quarter of the queue bound (``shadow_batching``), and
+        a copy it has no room for is dropped (counted as UNAVAILABLE) rather than
+        delaying or refusing a real request to the same version.
+        """
+        key = (servable.model, servable.version, signature_name, shadow)
         batcher = self._batchers.get(key)
         if batcher is None:
             model, version = servable.model, servable.version
@@ -465,12 +481,14 @@ class Gateway:
             def run(inputs: Tensors) -> Tensors:
                 return servable.run(signature_name, inputs)
 
+            def role() -> str:
+                return SHADOW if shadow else self._role(model, version)
+
+            config = self.batching_config(model)
             batcher = Batcher(
                 run,
-                self.batching_config(model),
-                observer=self.metrics.batch_observer(
-                    model, version, lambda: self._role(model, version)
-                ),
+                shadow_batching(config) if shadow else config,
+                observer=self.metrics.batch_observer(model, version, role),
             )
             self._batchers[key] = batcher
         return batcher
@@ -508,8 +526,11 @@ class Gateway:
         signature_name: str,
         source: InputSource,
         deadline: float | None,
+        *,
+        shadow: bool = False,
     ) -> tuple[Tensors, Tensors, Mapping[str, Any] | None]:
-        """Validate and run one request on one version: (inputs, outputs, manifest)."""
+        """Validate and run one request (or a mirrored copy of one) on one version:
+        (inputs, outputs, manifest)."""
         servable = self._servable(model, version)
         with servable:
             signature = servable.signatures.get(signature_name)
@@ -525,7 +546,7 @@ class Gateway:
             if inspect.isawaitable(decoded):
                 decoded = await decoded
             inputs = validate_inputs(decoded, signature, max_bytes=self.config.max_message_bytes)
-            batcher = self._batcher(servable, signature_name)
+            batcher = self._batcher(servable, signature_name, shadow=shadow)
             with self.metrics.track_in_flight(model, version):
                 outputs = await batcher.submit(inputs, deadline)
         return inputs, outputs, servable.manifest
@@ -631,20 +652,20 @@ class Gateway:
             try:
                 _, outputs, _ = await self._execute(
                     model, version, signature_name, lambda _sig: primary.inputs,
-                    started + SHADOW_TIMEOUT_S,
+                    started + SHADOW_TIMEOUT_S, shadow=True,
                 )  # fmt: skip
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 code = _code_name(exc)
                 self.metrics.observe_shadow(model, version, code)
-                self._observe(model, version, "shadow", code, api, started)
+                self._observe(model, version, SHADOW, code, api, started)
                 return
             agreement, difference = compare_outputs(primary.outputs, outputs)
             self.metrics.observe_shadow(
                 model, version, "OK", agreement=agreement, abs_diff=difference
             )
-            self._observe(model, version, "shadow", "OK", api, started)
+            self._observe(model, version, SHADOW, "OK", api, started)
 
         self._spawn(shadow())
 
@@ -826,9 +847,9 @@ class Gateway:
         if not self._known(model):
             raise NotFound(f"model {model!r} not found")
         self._batching[model] = config
-        for key, batcher in self._batchers.items():
-            if key[0] == model:
-                batcher.update_config(config)
+        for (name, _, _, shadow), batcher in self._batchers.items():
+            if name == model:
+                batcher.update_config(shadow_batching(config) if shadow else config)
 
     async def reload(self) -> None:
         """Rescan the model root and re-read the routing file now."""

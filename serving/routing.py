@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 STABLE = "stable"
 CANARY = "canary"
+SHADOW = "shadow"  # the route of a mirrored copy, in metrics
 Route = Literal["stable", "canary", "explicit"]
 
 # A label must not look like a version number (REST paths put either in the same place) and
