@@ -242,9 +242,9 @@ class CheckpointKeeper:
         """Save and commit a checkpoint for ``step``; its path on the chief, else None.
 
         The values are copied before this returns; with ``wait=False`` their write and
-        commit may still be running, off this thread (see ``wait``). Saving the step that was just
-        saved or restored is a no-op, so a final forced save right after a scheduled one
-        does not rewrite it.
+        commit may still be running, off this thread (see ``wait``). Saving the step that
+        was just saved or restored is a no-op, so a final forced save right after a
+        scheduled one does not rewrite it.
         """
         step = int(step)
         if step < 0:
@@ -276,6 +276,14 @@ class CheckpointKeeper:
         if error is not None:
             self._last_step = None
             raise error
+
+    def close(self) -> None:
+        """Finish the save in flight (raising its error, as ``wait``) and stop the commit
+        thread; the keeper saves no more."""
+        try:
+            self.wait()
+        finally:
+            self._committer.shutdown(wait=True)
 
     def _finish_save(self, written: list[str], step: int) -> None:
         """Wait for TensorFlow's write of ``step``; then, on the chief, commit it and

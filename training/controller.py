@@ -129,7 +129,7 @@ class Controller:
         traceback: TracebackType | None,
     ) -> None:
         try:
-            self.keeper.wait()  # a checkpoint still being committed is finished, not dropped
+            self.keeper.close()  # a checkpoint still being committed is finished, not dropped
         finally:
             self.log.close()
 
