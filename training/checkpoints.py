@@ -261,7 +261,11 @@ class CheckpointKeeper:
             options = copy.copy(self._options)  # building CheckpointOptions costs ~10 ms
             options.experimental_write_callbacks = [written.append]
             self._writer().save(checkpoint_number=step, options=options)
-            self._pending = self._committer.submit(self._finish_save, written, step)
+            # The checkpoint that wrote: ``self.checkpoint`` may be replaced before the
+            # commit thread waits for the write.
+            self._pending = self._committer.submit(
+                self._finish_save, self.checkpoint, written, step
+            )
             self._last_step = step
             self._last_time = self._clock()
         if wait:
@@ -285,12 +289,12 @@ class CheckpointKeeper:
         finally:
             self._committer.shutdown(wait=True)
 
-    def _finish_save(self, written: list[str], step: int) -> None:
+    def _finish_save(self, checkpoint: tf.train.Checkpoint, written: list[str], step: int) -> None:
         """Wait for TensorFlow's write of ``step``; then, on the chief, commit it and
         delete the checkpoints it replaces, elsewhere remove the scratch copy (the commit
         thread; an error it raises is raised to the training thread by ``wait``)."""
         try:
-            self.checkpoint.sync()
+            checkpoint.sync()
             if not written:  # TensorFlow raises the write's own error at the next save
                 raise CheckpointError(f"checkpoint {step} was not written")
             if self.is_chief:
