@@ -23,7 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "round robin over the replicas, and retries a call on the next replica when one "
         "refuses the connection.",
     )
-    nginx.add_argument("--grpc-listen", default="8500", metavar="[HOST:]PORT")
+    nginx.add_argument(
+        "--grpc-listen", default="8500", metavar="[HOST:]PORT",
+        help="where nginx takes gRPC calls (default 8500)",
+    )  # fmt: skip
     nginx.add_argument(
         "--grpc-replica", action="append", required=True, metavar="HOST:PORT",
         help="a replica's gRPC address (repeat for each replica)",
