@@ -118,7 +118,7 @@ class FeaturePreprocessor(tf.Module):
                 raise ValueError(f"feature {name!r}: unknown type {feature.type!r}")
             layers[name] = build(feature, context)
             specs[name] = raw_spec(feature)
-            if feature.type in ("text", "categorical") and (cleaner := string_cleaner(feature)):
+            if cleaner := string_cleaner(feature):  # None where the build cleaned nothing
                 cleaners[name] = cleaner
         return cls(layers, specs, cleaners)
 
