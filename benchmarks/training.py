@@ -243,11 +243,10 @@ def trainer_execution(config: Any, stack: contextlib.ExitStack) -> tuple[Callabl
     if config.checkpoint.every_steps is None:
         return lambda: trainer.train(updates, stop_requested=False), precision
     controller = stack.enter_context(Controller(trainer, eval_every_steps=None, progress=False))
-    # A run pays once for setting up asynchronous checkpointing (host copies of the state,
-    # then tracing the copy at the second save): here, with the warm-up, not in a block.
-    for _ in range(2):
-        trainer.train(updates, stop_requested=False)
-        controller.save(force=True)
+    # A run pays once for tracing its checkpoint write: here, with the warm-up, not in a
+    # block.
+    trainer.train(updates, stop_requested=False)
+    controller.save(force=True)
 
     def execute_and_checkpoint() -> None:
         trainer.train(updates, stop_requested=False)

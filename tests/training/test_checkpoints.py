@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -81,9 +83,13 @@ def assert_same(left: list[np.ndarray], right: list[np.ndarray]) -> None:
         np.testing.assert_array_equal(a, b)
 
 
+def data_files(directory: Path, step: int) -> list[str]:
+    return sorted(path.name for path in directory.glob(f"ckpt-{step}.data-*"))
+
+
 def data_file(directory: Path, step: int) -> Path:
-    (path,) = directory.glob(f"ckpt-{step}.data-*")
-    return path
+    """The data file holding the variables' values (the largest one)."""
+    return max(directory.glob(f"ckpt-{step}.data-*"), key=lambda path: path.stat().st_size)
 
 
 def test_round_trip_restores_weights_optimizer_slots_and_step(tmp_path: Path) -> None:
@@ -93,7 +99,7 @@ def test_round_trip_restores_weights_optimizer_slots_and_step(tmp_path: Path) ->
     assert path == str(tmp_path / "ckpt-3")
     marker = json.loads((tmp_path / "ckpt-3.commit.json").read_text())
     assert marker["step"] == 3
-    assert set(marker["files"]) == {"ckpt-3.index", data_file(tmp_path, 3).name}
+    assert set(marker["files"]) == {"ckpt-3.index", *data_files(tmp_path, 3)}
     assert marker["files"]["ckpt-3.index"]["bytes"] == (tmp_path / "ckpt-3.index").stat().st_size
 
     fresh = Training(seed=2)
@@ -150,8 +156,9 @@ def test_keep_prunes_checkpoints_and_their_markers(tmp_path: Path) -> None:
     assert committed_steps(tmp_path) == [5, 4]
     names = sorted(os.listdir(tmp_path))
     assert names == sorted(
-        ["checkpoint", "ckpt-4.commit.json", "ckpt-5.commit.json", "ckpt-4.index", "ckpt-5.index"]
-        + [data_file(tmp_path, 4).name, data_file(tmp_path, 5).name]
+        ["ckpt-4.commit.json", "ckpt-5.commit.json", "ckpt-4.index", "ckpt-5.index"]
+        + data_files(tmp_path, 4)
+        + data_files(tmp_path, 5)
     )
     # A new keeper on the same directory (a restarted run) honours the same count.
     again = keeper(tmp_path, training, keep=2)
@@ -170,6 +177,37 @@ def test_checkpoints_preserved_by_age_keep_their_markers(tmp_path: Path) -> None
     (tmp_path / "ckpt-3.commit.json").unlink()
     (tmp_path / "ckpt-2.commit.json").unlink()
     assert keeper(tmp_path, Training()).restore_latest() == 1
+
+
+def test_one_checkpoint_is_kept_every_keep_every_hours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hours = iter([0.0, 0.5, 1.2, 1.5, 2.3])
+    monkeypatch.setattr(
+        checkpoints,
+        "time",
+        SimpleNamespace(time=lambda: next(hours) * 3600, monotonic=time.monotonic),
+    )
+    training = Training()
+    kept = keeper(tmp_path, training, keep=1, keep_every_hours=1)
+    for step in range(1, 6):
+        kept.save(step)
+    # The oldest, then the first one an hour younger than it; the newest as ``keep``.
+    assert committed_steps(tmp_path) == [5, 3, 1]
+    assert sorted(path.name for path in tmp_path.glob("ckpt-2*")) == []
+
+
+def test_objects_added_after_a_save_are_in_the_next_checkpoint(tmp_path: Path) -> None:
+    training = Training()
+    kept = keeper(tmp_path, training)
+    kept.save(1)
+    # As optimizer slots appear with the first update after a save at step 0.
+    training.checkpoint.extra = tf.Variable([3.0, 4.0], name="extra")
+    kept.save(2)
+    fresh = Training(seed=2)
+    fresh.checkpoint.extra = tf.Variable([0.0, 0.0], name="extra")
+    assert keeper(tmp_path, fresh).restore_latest() == 2
+    np.testing.assert_array_equal(fresh.checkpoint.extra.numpy(), [3.0, 4.0])
 
 
 def test_saving_the_same_step_twice_rewrites_nothing(tmp_path: Path) -> None:
