@@ -296,10 +296,17 @@ class CheckpointKeeper:
             now is then for now, then in zip(objects, self._traced_objects, strict=True)
         )
         if self._write is None or not unchanged:
+            # Under this worker's CPU named in full, as variables on it name it: the
+            # object graph's short "/cpu:0" would otherwise make a second data file.
+            with tf.device("/cpu:0"):
+                device = tf.zeros([]).device
+
+            def write(prefix: tf.Tensor) -> tf.Tensor:
+                with tf.device(device):
+                    return self.checkpoint.write(prefix)
+
             self._write = tf.function(
-                self.checkpoint.write,
-                input_signature=(tf.TensorSpec([], tf.string),),
-                autograph=False,
+                write, input_signature=(tf.TensorSpec([], tf.string),), autograph=False
             )
             self._traced_objects = objects
         return self._write
