@@ -203,7 +203,7 @@ class CheckpointKeeper:
         else:
             scratch = self.directory.parent / f"workertemp_{worker_index}"
             self._write_dir = scratch / self.directory.name
-        self._write: Callable[[tf.Tensor], Any] | None = None
+        self._write: Callable[[Any], Any] | None = None
         self._traced_objects: list[Any] = []
         # One long-lived thread: starting a thread per save waits for it to take the
         # GIL from the training thread, which can take longer than the commit itself.
@@ -280,13 +280,15 @@ class CheckpointKeeper:
         finally:
             self._committer.shutdown(wait=True)
 
-    def _compiled_write(self) -> Callable[[tf.Tensor], Any]:
+    def _compiled_write(self) -> Callable[[Any], Any]:
         """``checkpoint.write`` traced for the checkpoint's objects as they are now.
 
         The trace captures the variables reachable at that moment, so it is redone
         when they change: a save made before the first update would otherwise miss the
         optimizer's slots ever after. Walking the objects to see that costs under a
         millisecond; an eager write walks them too, and then runs each variable's ops.
+        A checkpoint holding Python state (``tf.train.experimental.PythonState``) is not
+        traced, since a trace would save that state as it was when traced.
         """
         # Created on first use by tf.train.Checkpoint.save and restore, never by write:
         # made here so that every checkpoint and every restore have the same objects.
@@ -295,6 +297,9 @@ class CheckpointKeeper:
         unchanged = len(objects) == len(self._traced_objects) and all(
             now is then for now, then in zip(objects, self._traced_objects, strict=True)
         )
+        if any(isinstance(thing, tf.train.experimental.PythonState) for thing in objects):
+            # Python values are read once when traced: such a checkpoint is written eagerly.
+            return self.checkpoint.write
         if self._write is None or not unchanged:
             # Under this worker's CPU named in full, as variables on it name it: the
             # object graph's short "/cpu:0" would otherwise make a second data file.

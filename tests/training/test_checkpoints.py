@@ -210,6 +210,32 @@ def test_objects_added_after_a_save_are_in_the_next_checkpoint(tmp_path: Path) -
     np.testing.assert_array_equal(fresh.checkpoint.extra.numpy(), [3.0, 4.0])
 
 
+class Counter(tf.train.experimental.PythonState):
+    """Python-side state, as a researcher's own trackable may hold."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def serialize(self) -> str:
+        return str(self.count)
+
+    def deserialize(self, string_value: str) -> None:
+        self.count = int(string_value)
+
+
+def test_python_state_is_saved_as_it_is_at_each_save(tmp_path: Path) -> None:
+    training = Training()
+    training.checkpoint.counter = Counter()
+    kept = keeper(tmp_path, training)
+    for step in (1, 2):
+        training.checkpoint.counter.count = step * 10
+        kept.save(step)
+    fresh = Training(seed=2)
+    fresh.checkpoint.counter = Counter()
+    assert keeper(tmp_path, fresh).restore_latest() == 2
+    assert fresh.checkpoint.counter.count == 20
+
+
 def test_saving_the_same_step_twice_rewrites_nothing(tmp_path: Path) -> None:
     training = Training()
     kept = keeper(tmp_path, training)
