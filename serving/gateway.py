@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from tensorflow.core.example.example_pb2 import Example
 
+from serving import heap
 from serving.backends import open_backend
 from serving.batching import Batcher, BatchingConfig, shadow_batching
 from serving.config import GatewayConfig
@@ -212,6 +213,7 @@ class Gateway:
         await asyncio.gather(*(self._connect(model) for model in self.remote.models()))
         self.repository.start()
         await asyncio.to_thread(self.repository.wait_ready)
+        heap.reclaim()  # before ready: the start-up's garbage goes, the rest is frozen
         await self._publish_health(loaded=True)
         self._warn_when_nothing_serves()
         while True:  # keep retrying remote servers that were down
@@ -313,6 +315,10 @@ class Gateway:
                 remaining = [v for v in self.available_versions(model) if v != status.version]
                 self._newest[model] = max(remaining, default=0)
         if self.repository.wait_ready(0):
+            if available:
+                heap.freeze_loaded()
+            elif status.state is VersionState.END:
+                heap.reclaim()
             self._spawn(self._publish_health())
 
     def _note_default_version(self, model: str, version: int) -> None:
