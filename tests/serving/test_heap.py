@@ -27,13 +27,12 @@ def unfrozen() -> Iterator[None]:
 
 def test_a_loaded_model_is_frozen_out_of_later_collections() -> None:
     loaded = Node()
+    assert any(thing is loaded for thing in gc.get_objects())
     heap.freeze_loaded()
-    assert gc.get_freeze_count() > 0
-    assert gc.is_tracked(loaded)
-    # A full collection no longer scans it: only what came after the freeze.
-    before = gc.get_freeze_count()
-    gc.collect()
-    assert gc.get_freeze_count() == before
+    # Collections go over generations 0 to 2 only: the model is in none of them, and
+    # what they still scan is a small part of what was frozen.
+    assert not any(thing is loaded for thing in gc.get_objects())
+    assert len(gc.get_objects()) < gc.get_freeze_count() / 10
 
 
 def test_an_unloaded_models_cycles_are_reclaimed() -> None:
