@@ -31,8 +31,8 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import grpc
 import numpy as np
@@ -48,18 +48,24 @@ _ITEM_KEYS = frozenset({"request_id", "label", "labels", "row"})
 Label = int | float | str
 
 
-@dataclass
-class Answered:
-    """What one request was served, per row, and which rows have a label already."""
+class Answered(NamedTuple):
+    """What one request was served, per row, and which rows have a label already.
+
+    The store keeps it as a plain tuple of plain values (``tuple(answer)``), which the
+    garbage collector stops tracking after a look or two: a full store (``capacity``
+    answers) of tracked objects would add hundreds of thousands of objects to every full
+    collection, each a pause of the event loop. (It untracks exact tuples only, not
+    this class's instances.) A label stores a new tuple in the answer's place.
+    """
 
     model: str
     version: int
     route: str
     served_at: float
-    classes: list[tuple[int, str]] | None = None  # per row: (index, name) of the top-1 class
+    classes: tuple[tuple[int, str], ...] | None = None  # per row: top-1 (index, name)
     class_count: int = 0
-    values: list[float] | None = None  # per row: the regression value
-    labelled: set[int] = field(default_factory=set)
+    values: tuple[float, ...] | None = None  # per row: the regression value
+    labelled: int = 0  # bit r set: row r has a label
 
     @property
     def rows(self) -> int:
@@ -82,15 +88,15 @@ def served(
 ) -> Answered:
     """What a label can be compared with: top-1 classes if an output holds class scores,
     else one value per row if one holds a regression, else neither."""
-    answered = Answered(model, version, route, served_at)
     try:
-        answered.class_count, answered.classes = top_classes(outputs, manifest)
-        return answered
+        class_count, classes = top_classes(outputs, manifest)
+        return Answered(model, version, route, served_at, tuple(classes), class_count)
     except FailedPrecondition:
         pass
+    values = None
     with contextlib.suppress(FailedPrecondition):
-        answered.values = values_from_outputs(outputs, manifest, None)
-    return answered
+        values = tuple(values_from_outputs(outputs, manifest, None))
+    return Answered(model, version, route, served_at, values=values)
 
 
 def _whole_number(value: Any, where: str) -> int:
@@ -172,7 +178,7 @@ class FeedbackStore:
         self._capacity = capacity
         self._ttl_s = ttl_s
         self._clock = clock
-        self._answers: OrderedDict[str, Answered] = OrderedDict()
+        self._answers: OrderedDict[str, tuple[Any, ...]] = OrderedDict()  # see Answered
 
     def __len__(self) -> int:
         return len(self._answers)
@@ -189,10 +195,10 @@ class FeedbackStore:
         """Keep what ``request_id`` was served (a reused id replaces the older answer)."""
         now = self._clock()
         self._answers.pop(request_id, None)
-        self._answers[request_id] = served(model, version, route, outputs, manifest, now)
+        self._answers[request_id] = tuple(served(model, version, route, outputs, manifest, now))
         while self._answers and (
             len(self._answers) > self._capacity
-            or next(iter(self._answers.values())).served_at <= now - self._ttl_s
+            or Answered._make(next(iter(self._answers.values()))).served_at <= now - self._ttl_s
         ):
             self._answers.popitem(last=False)
 
@@ -203,10 +209,11 @@ class FeedbackStore:
         each item's result or error (malformed input still fails the whole batch).
         """
         items, batch = parse_feedback(body)
-        planned: list[tuple[_Item, Answered] | ServingError] = []
+        planned: list[_Item | ServingError] = []
         for item in items:
             try:
-                planned.append((item, self._answer_for(model, item)))
+                self._check(model, item)  # every item before any is counted
+                planned.append(item)
             except InvalidArgument:
                 raise
             except ServingError as exc:
@@ -218,16 +225,17 @@ class FeedbackStore:
             try:
                 if isinstance(plan, ServingError):
                     raise plan
-                results.append(self._apply(*plan))
+                results.append(self._apply(plan))
             except ServingError as exc:
                 if not batch:
                     raise
                 results.append({"error": exc.message, "code": exc.code.name})
         return {"results": results} if batch else results[0]
 
-    def _answer_for(self, model: str, item: _Item) -> Answered:
-        """The answer ``item`` labels, with its labels checked against it."""
-        answered = self._answers.get(item.request_id)
+    def _check(self, model: str, item: _Item) -> None:
+        """That ``item`` labels a kept answer of ``model`` with labels that fit it."""
+        kept = self._answers.get(item.request_id)
+        answered = None if kept is None else Answered._make(kept)
         if answered is not None and answered.served_at <= self._clock() - self._ttl_s:
             answered = None
         if answered is None or answered.model != model:
@@ -260,17 +268,19 @@ class FeedbackStore:
                     )
             elif isinstance(label, str):
                 raise InvalidArgument(f"{where}: the answer is a regression; expected a number")
-        return answered
 
-    def _apply(self, item: _Item, answered: Answered) -> dict[str, Any]:
+    def _apply(self, item: _Item) -> dict[str, Any]:
+        # Read now: an earlier item of the same batch may have labelled rows of it.
+        answered = Answered._make(self._answers[item.request_id])
         rows = {0 if row is None else row: label for row, label in item.labels.items()}
-        again = sorted(answered.labelled.intersection(rows))
+        again = sorted(row for row in rows if answered.labelled >> row & 1)
         if again:
             raise ServingError(
                 grpc.StatusCode.ALREADY_EXISTS,
                 f"request {item.request_id!r} row {again[0]} already has a label",
             )
-        answered.labelled.update(rows)
+        labelled = answered.labelled | sum(1 << row for row in rows)
+        self._answers[item.request_id] = tuple(answered._replace(labelled=labelled))
         where = (answered.model, answered.version, answered.route)
         results = []
         for row, label in sorted(rows.items()):

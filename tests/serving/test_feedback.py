@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import grpc
 import numpy as np
 import pytest
@@ -169,3 +171,22 @@ def test_an_answer_with_nothing_to_compare_is_failed_precondition(store: Feedbac
     with pytest.raises(ServingError) as refused:
         store.submit("text", {"request_id": "t", "labels": ["a", "b"]})
     assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_kept_answers_leave_the_garbage_collectors_scans(
+    store: FeedbackStore, metrics: GatewayMetrics
+) -> None:
+    """A full store must not lengthen every full collection (a pause of the event loop)."""
+    remember(store, "classes")
+    store.remember(
+        "values", "digits", 2, "canary", {"value": np.array([[1.5], [2.5]], np.float32)}, None
+    )
+    store.submit("digits", {"request_id": "classes", "row": 1, "label": 0})
+    for _ in range(3):  # a collection untracks a tuple once the tuples in it are
+        gc.collect()
+    kept = list(store._answers.values())
+    assert len(kept) == 2
+    assert not any(gc.is_tracked(answer) for answer in kept)
+    # A labelled row stays labelled in the answer that replaced the old one.
+    with pytest.raises(ServingError):
+        store.submit("digits", {"request_id": "classes", "row": 1, "label": 0})
