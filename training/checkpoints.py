@@ -327,14 +327,14 @@ class CheckpointKeeper:
             shutil.rmtree(self._write_dir.parent, ignore_errors=True)
 
     def _prepare_directory(self, step: int) -> None:
-        """Uncommit ``step`` (it is about to be rewritten) and clear crash leftovers.
-
-        Files of a checkpoint without a marker are what a save cut short left behind; the
-        manager never records them (it does so only after the commit), so nothing else
-        would ever delete them.
-        """
+        """Uncommit ``step`` (it is about to be rewritten) and clear crash leftovers."""
         self.directory.mkdir(parents=True, exist_ok=True)
         _marker_path(self.directory, step).unlink(missing_ok=True)
+        self._clear_uncommitted()
+
+    def _clear_uncommitted(self) -> None:
+        """Delete the files of every checkpoint without a marker: what a save cut short
+        left behind, or what a sweep cut short was deleting (it removes markers first)."""
         committed = set(committed_steps(self.directory))
         for name in os.listdir(self.directory):
             match = _CHECKPOINT_FILE.match(name)
@@ -371,7 +371,7 @@ class CheckpointKeeper:
         """Delete the committed checkpoints past the ``keep`` newest, except one every
         ``keep_every_hours`` (the oldest, then each one that much younger than the last
         one kept). Decisions depend only on older checkpoints, so a checkpoint kept for
-        its age stays kept at every later sweep. The marker goes first: a crash midway
+        its age stays kept at every later sweep. The markers go first: a crash midway
         leaves uncommitted files, which the next save clears."""
         retired = committed_steps(self.directory)[self._keep :]
         spacing = None if self._keep_every_hours is None else self._keep_every_hours * 3600
@@ -383,8 +383,7 @@ class CheckpointKeeper:
                     last_kept = written
                     continue
             _marker_path(self.directory, step).unlink(missing_ok=True)
-            for path in self.directory.glob(f"{CHECKPOINT_NAME}-{step}.*"):
-                path.unlink(missing_ok=True)
+        self._clear_uncommitted()
 
     # -- restoring ----------------------------------------------------------------------
     def _try_restore(self, step: int) -> str | None:
