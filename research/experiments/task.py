@@ -139,7 +139,7 @@ class ExperimentTask:
         the task's ``verify``). Otherwise one ordered pass, split the same way with
         ``input_context``, its last global batch completed by padding records that
         follow the split's ``num_records``. A language model gets next-token pairs of
-        its text input.
+        its text input: ``sequence_length`` tokens and the same shifted by one.
         """
         data = self.config.data
         options: dict[str, Any] = {
@@ -170,11 +170,14 @@ class ExperimentTask:
                 "token_dropout": data.token_dropout,
                 "drop_remainder": True,
             }
+        length = data.sequence_length
+        if self.io.language_model and length is not None:
+            length += 1  # the model's context and, for its last position, the next token
         dataset = make_dataset(
             self.config.resolve(data.dataset),
             split,
             batch_size=batch_size,
-            sequence_length=data.sequence_length,
+            sequence_length=length,
             features=[self.io.lm_input] if self.io.language_model else list(self.inputs),
             **options,
         )

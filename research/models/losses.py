@@ -16,7 +16,8 @@ class PaddedSequenceCrossentropy(keras.losses.Loss):
 
     Padding targets (id 0) contribute nothing, and the mean divides by the number of real
     tokens rather than the padded length, so a batch of short sequences is not scored as
-    if it were mostly correct padding.
+    if it were mostly correct padding. With ``reduction=NONE`` it gives one value per
+    sequence, the mean over that sequence's real tokens.
     """
 
     def __init__(
@@ -41,6 +42,15 @@ class PaddedSequenceCrossentropy(keras.losses.Loss):
     ) -> tf.Tensor:
         real = tf.cast(tf.not_equal(tf.cast(y_true, tf.int64), PAD_ID), tf.float32)
         losses = self.call(y_true, y_pred)
+        if self.reduction == keras.losses.Reduction.NONE:
+            # One value per sequence, the mean over its real tokens (a trainer that sums
+            # per-example losses over its global batch needs them unreduced).
+            per_sequence = tf.math.divide_no_nan(
+                tf.reduce_sum(losses, axis=-1), tf.reduce_sum(real, axis=-1)
+            )
+            if sample_weight is not None:
+                per_sequence *= tf.cast(sample_weight, tf.float32)
+            return per_sequence
         if sample_weight is not None:
             weight = tf.cast(sample_weight, tf.float32)
             while weight.shape.rank is not None and weight.shape.rank < real.shape.rank:

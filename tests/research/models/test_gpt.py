@@ -80,6 +80,14 @@ def test_loss_ignores_padding_targets() -> None:
     assert float(weighted) == pytest.approx(real[:2].mean(), rel=1e-5)
     restored = PaddedSequenceCrossentropy.from_config(loss.get_config())
     assert float(restored(targets, logits)) == pytest.approx(real.mean(), rel=1e-5)
+    unreduced = PaddedSequenceCrossentropy(reduction=keras.losses.Reduction.NONE)
+    per_sequence = unreduced(targets, noisy).numpy()
+    np.testing.assert_allclose(per_sequence, [real[:2].mean(), real[2]], rtol=1e-5)
+    np.testing.assert_allclose(
+        unreduced(targets, logits, sample_weight=np.array([2.0, 0.0])).numpy(),
+        [2 * real[:2].mean(), 0.0],
+        rtol=1e-5,
+    )
 
 
 def test_next_token_pairs_shift_by_one() -> None:
