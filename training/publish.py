@@ -54,6 +54,7 @@ def publish_model(
     collective); only the chief publishes, the others save into a scratch directory.
     """
     config, manifest = task.config, task.manifest
+    model = task.serving_model(model)
     name = config.export.model_name or config.name
     labels = label_descriptions(task.io, manifest)
     preprocessor = task.build_preprocessor()

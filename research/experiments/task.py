@@ -34,9 +34,11 @@ from contracts.yaml_config import ConfigError
 from research.data.input_pipeline import ImageAugmentation, Verify, make_dataset
 from research.experiments.config import ExperimentConfig
 from research.experiments.model_io import ModelIO, model_io, open_manifest
+from research.models.configs import ModelConfig, without_recompute
 from research.models.endpoints import compile_args
 from research.models.gpt import next_token_pairs
 from research.models.interface import conform_model
+from research.models.recompute import copy_weights_by_name, has_recomputation
 from research.models.registry import build_model
 from research.models.specs import HeadSpec, InputSpec
 from research.preprocessing.preprocessor import FeaturePreprocessor
@@ -106,18 +108,30 @@ class ExperimentTask:
         """The experiment's model, conformed to the dataset's names, dtypes and shapes."""
         if self.model_fn is not None:
             model = self.model_fn(dict(self.inputs), dict(self.heads))
-            source = f"model_fn {self.model_fn_name}"
-        else:
-            config = self.config
-            model = build_model(
-                config.model,
-                self.inputs,
-                self.heads,
-                base_dir=config.base_dir,
-                source=config.source,
+            return conform_model(
+                model, self.inputs, self.heads, source=f"model_fn {self.model_fn_name}"
             )
-            source = f"{config.source}: model"
-        return conform_model(model, self.inputs, self.heads, source=source)
+        assert self.config.model is not None  # the config requires it without model_fn
+        return self._build_zoo_model(self.config.model)
+
+    def _build_zoo_model(self, model_config: ModelConfig) -> keras.Model:
+        config = self.config
+        model = build_model(
+            model_config, self.inputs, self.heads, base_dir=config.base_dir, source=config.source
+        )
+        return conform_model(model, self.inputs, self.heads, source=f"{config.source}: model")
+
+    def serving_model(self, trained: keras.Model) -> keras.Model:
+        """What is published of ``trained``: the model itself, or, when the zoo built its
+        blocks recomputed, the plain architecture holding the same weights, so that the
+        artifact, the gateway and compression (which rewrites each Dense) never meet a
+        way of taking gradients."""
+        if self.model_fn is not None or not has_recomputation(trained):
+            return trained
+        assert self.config.model is not None
+        plain = self._build_zoo_model(without_recompute(self.config.model))
+        copy_weights_by_name(trained, plain)
+        return plain
 
     def build_inputs(
         self,

@@ -12,15 +12,29 @@ from typing import Any
 import tf_keras as keras
 
 from research.models.configs import TransformerShape
+from research.models.recompute import Recomputed
 
 
 def block_stack(x: Any, mask: Any, shape: TransformerShape, prefix: str) -> Any:
     """``shape.num_layers`` self-attention blocks over ``x`` under ``mask``."""
+    add_block = _recomputed_block if shape.recompute else _block
     for index in range(shape.num_layers):
-        x = _block(x, mask, shape, f"{prefix}_block{index}")
+        x = add_block(x, mask, shape, f"{prefix}_block{index}")
     if shape.norm == "pre":
         x = keras.layers.LayerNormalization(epsilon=1e-6, name=f"{prefix}_final_norm")(x)
     return x
+
+
+def _recomputed_block(x: Any, mask: Any, shape: TransformerShape, name: str) -> Any:
+    """The block as a model of its own, whose activations are recomputed when training.
+
+    Its layers are the plain block's, with the same names, so only the path to them
+    changes (``<name>_recomputed`` holds the ``<name>`` model).
+    """
+    block_x = keras.Input(shape=x.shape[1:], dtype=x.dtype, name=f"{name}_x")
+    block_mask = keras.Input(shape=mask.shape[1:], dtype=mask.dtype, name=f"{name}_mask")
+    block = keras.Model([block_x, block_mask], _block(block_x, block_mask, shape, name), name=name)
+    return Recomputed(block, name=f"{name}_recomputed")([x, mask])
 
 
 def _block(x: Any, mask: Any, shape: TransformerShape, name: str) -> Any:

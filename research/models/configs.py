@@ -50,6 +50,8 @@ class TransformerShape(StrictModel):
     ``norm: pre`` puts LayerNormalization before attention and feed-forward (stable
     without warm-up, plus a final norm); ``post`` is the original Transformer layout.
     ``max_length`` sizes the position table; by default the input's sequence length.
+    ``recompute`` keeps only each block's input for the backward pass and runs the block
+    again there (``research.models.recompute``): less activation memory, more compute.
     """
 
     num_layers: PositiveInt = 2
@@ -59,6 +61,7 @@ class TransformerShape(StrictModel):
     dropout: Dropout = 0.1
     norm: Literal["pre", "post"] = "pre"
     max_length: PositiveInt | None = None
+    recompute: bool = False
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> TransformerShape:
@@ -172,3 +175,22 @@ class ModelConfig(
     Use it as a field type (``model: ModelConfig``) or validate a mapping with
     ``contracts.yaml_config.parse_model(data, ModelConfig)``; the family config is ``.root``.
     """
+
+
+def without_recompute(config: ModelConfig) -> ModelConfig:
+    """``config`` with recomputation off in every block stack (a multi-task trunk's too).
+
+    Recomputation changes how gradients are taken, not what the model computes, so the
+    published model is this plain architecture with the trained weights.
+    """
+
+    def plain(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {
+                key: False if key == "recompute" else plain(value) for key, value in node.items()
+            }
+        if isinstance(node, list):
+            return [plain(item) for item in node]
+        return node
+
+    return ModelConfig.model_validate(plain(config.model_dump()))
