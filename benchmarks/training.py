@@ -18,7 +18,10 @@ run, so the figures that matter are ratios, not absolute times on a shared machi
 4. losing a worker: seconds from a SIGKILL of one of two local workers to the first
    step the restarted group completes under the ``Supervisor``;
 5. the input pipeline iterated alone against what the trainer consumes (goal: at
-   least 3x, i.e. training is never input-bound).
+   least 3x, i.e. training is never input-bound);
+6. activation recomputation: the peak memory of a GPT step at sequence length 512 with
+   ``recompute: true`` against without, each in a fresh process, and its step time
+   (goal: at most 0.70x the memory; ``benchmarks.activation_memory``).
 
 Throughput is steady state only: everything first trains ``warmup_steps`` (tracing, the
 shuffle buffer, the first epoch into the cache). Comparisons 1 to 3 build their set-ups
@@ -52,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks import activation_memory
 from benchmarks.common import benchmark_parser, machine_info
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -699,6 +703,8 @@ def print_table(results: Mapping[str, Any]) -> None:
                 "",
                 "",
             )
+    for row in activation_memory.table_rows(results["recompute"]):
+        table.add_row(*row)
     console.print(table)
     machine = results["machine"]
     flags = ", ".join(machine["bf16_cpu_flags"]) or "none"
@@ -771,6 +777,7 @@ def run(quick: bool, output: Path) -> dict[str, Any]:
                 )
             except RuntimeError as exc:  # a failed recovery is a result, not a crash
                 results["restart"][workload.name] = {"error": str(exc)}
+    results["recompute"] = activation_memory.measure(quick)
     results["machine"]["load_average_end"] = os.getloadavg()
     results["seconds"] = round(time.perf_counter() - started, 1)
     output.parent.mkdir(parents=True, exist_ok=True)
