@@ -22,6 +22,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 import research.models.layers  # noqa: F401  (registers the zoo's custom layers for deserialisation)
 import research.models.losses  # noqa: F401  (and its custom losses)
+import research.models.moe  # noqa: F401  (and the mixture-of-experts layer)
 from compression.errors import CompressionError
 from contracts.model_manifest import (
     MANIFEST_FILE,

@@ -12,6 +12,7 @@ from typing import Any
 import tf_keras as keras
 
 from research.models.configs import TransformerShape
+from research.models.moe import MixtureOfExperts
 from research.models.recompute import Recomputed
 
 
@@ -49,6 +50,16 @@ def _block(x: Any, mask: Any, shape: TransformerShape, name: str) -> Any:
         return attention(h, h, attention_mask=mask)
 
     def feed_forward(h: Any) -> Any:
+        if shape.experts is not None:
+            experts = shape.experts
+            return MixtureOfExperts(
+                experts.num_experts,
+                shape.ff_dim,
+                top_k=experts.top_k,
+                capacity_factor=experts.capacity_factor,
+                aux_loss_weight=experts.aux_loss_weight,
+                name=f"{name}_experts",
+            )(h)
         h = keras.layers.Dense(shape.ff_dim, activation="gelu", name=f"{name}_ffn_in")(h)
         return keras.layers.Dense(shape.d_model, name=f"{name}_ffn_out")(h)
 

@@ -44,6 +44,21 @@ class CnnConfig(StrictModel):
     batch_norm_momentum: float = Field(default=0.9, gt=0.0, lt=1.0)
 
 
+class ExpertsConfig(StrictModel):
+    """A mixture-of-experts feed-forward network in every block (``research.models.moe``)."""
+
+    num_experts: int = Field(ge=2)
+    top_k: int = Field(default=1, ge=1)
+    capacity_factor: float = Field(default=1.25, gt=0)
+    aux_loss_weight: float = Field(default=0.01, ge=0)
+
+    @model_validator(mode="after")
+    def _top_k_within_experts(self) -> ExpertsConfig:
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k: {self.top_k} exceeds num_experts={self.num_experts}")
+        return self
+
+
 class TransformerShape(StrictModel):
     """Size and layout of a stack of transformer blocks.
 
@@ -52,6 +67,8 @@ class TransformerShape(StrictModel):
     ``max_length`` sizes the position table; by default the input's sequence length.
     ``recompute`` keeps only each block's input for the backward pass and runs the block
     again there (``research.models.recompute``): less activation memory, more compute.
+    ``experts`` makes every block's feed-forward network a mixture of ``ff_dim``-wide
+    experts (``research.models.moe``).
     """
 
     num_layers: PositiveInt = 2
@@ -62,6 +79,7 @@ class TransformerShape(StrictModel):
     norm: Literal["pre", "post"] = "pre"
     max_length: PositiveInt | None = None
     recompute: bool = False
+    experts: ExpertsConfig | None = None
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> TransformerShape:
