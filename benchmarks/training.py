@@ -21,7 +21,9 @@ run, so the figures that matter are ratios, not absolute times on a shared machi
    least 3x, i.e. training is never input-bound);
 6. activation recomputation: the peak memory of a GPT step at sequence length 512 with
    ``recompute: true`` against without, each in a fresh process, and its step time
-   (goal: at most 0.70x the memory; ``benchmarks.activation_memory``).
+   (goal: at most 0.70x the memory; ``benchmarks.activation_memory``);
+7. DTensor meshes (1x2, 2x2 logical CPU devices) against one device: update time and
+   sharded checkpoint save and restore time (reported; ``benchmarks.tensor_parallel``).
 
 Throughput is steady state only: everything first trains ``warmup_steps`` (tracing, the
 shuffle buffer, the first epoch into the cache). Comparisons 1 to 3 build their set-ups
@@ -55,7 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks import activation_memory
+from benchmarks import activation_memory, tensor_parallel
 from benchmarks.common import benchmark_parser, machine_info
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -705,6 +707,8 @@ def print_table(results: Mapping[str, Any]) -> None:
             )
     for row in activation_memory.table_rows(results["recompute"]):
         table.add_row(*row)
+    for row in tensor_parallel.table_rows(results["meshes"]):
+        table.add_row(*row)
     console.print(table)
     machine = results["machine"]
     flags = ", ".join(machine["bf16_cpu_flags"]) or "none"
@@ -777,6 +781,7 @@ def run(quick: bool, output: Path) -> dict[str, Any]:
                 )
             except RuntimeError as exc:  # a failed recovery is a result, not a crash
                 results["restart"][workload.name] = {"error": str(exc)}
+        results["meshes"] = tensor_parallel.measure(quick, workdir, datasets["transformer"])
     results["recompute"] = activation_memory.measure(quick)
     results["machine"]["load_average_end"] = os.getloadavg()
     results["seconds"] = round(time.perf_counter() - started, 1)

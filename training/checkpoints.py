@@ -55,6 +55,8 @@ from training.errors import TrainingSetupError
 CHECKPOINT_NAME = "ckpt"
 MARKER_FORMAT = "slipway.checkpoint/1"
 MARKER_SUFFIX = ".commit.json"
+# Objects a traced write cannot save as they are at each save.
+_EAGER_ONLY = (tf.train.experimental.PythonState, tf.experimental.dtensor.DVariable)
 _MARKER = re.compile(rf"^{CHECKPOINT_NAME}-(\d+){re.escape(MARKER_SUFFIX)}$")
 # A checkpoint's files, and the scratch directory TensorFlow merges them from.
 _CHECKPOINT_FILE = re.compile(
@@ -150,6 +152,19 @@ class _UnrestoredValueNotices(logging.Filter):
 
 
 _UNRESTORED_NOTICES = _UnrestoredValueNotices()
+
+
+class _SaverRetracingNotices(logging.Filter):
+    """Drops TensorFlow's warning that its own checkpoint writer retraced: an eager save
+    of DTensor variables traces a fresh writer every time, by TensorFlow's design, and
+    the warning (meant for a user's functions) would follow every save of the run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("triggered tf.function retracing" in message and "MultiDeviceSaver" in message)
+
+
+_SAVER_RETRACING_NOTICES = _SaverRetracingNotices()
 
 
 def _silence_unrestored_value_notices() -> None:
@@ -297,8 +312,10 @@ class CheckpointKeeper:
         unchanged = len(objects) == len(self._traced_objects) and all(
             now is then for now, then in zip(objects, self._traced_objects, strict=True)
         )
-        if any(isinstance(thing, tf.train.experimental.PythonState) for thing in objects):
-            # Python values are read once when traced: such a checkpoint is written eagerly.
+        if any(isinstance(thing, _EAGER_ONLY) for thing in objects):
+            # Python values are read once when traced, and DTensor's sharded save is not
+            # traced at all: such a checkpoint is written eagerly.
+            tf.get_logger().addFilter(_SAVER_RETRACING_NOTICES)  # a no-op when added
             return self.checkpoint.write
         if self._write is None or not unchanged:
             # Under this worker's CPU named in full, as variables on it name it: the

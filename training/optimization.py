@@ -75,6 +75,7 @@ def build_optimizer(
     lr_scale: tf.Variable,
     *,
     loss_scaling: bool,
+    mesh: Any = None,
 ) -> tuple[keras.optimizers.Optimizer, WarmupDecay]:
     """AdamW with the experiment's schedule (returned too, for logging); with
     ``loss_scaling`` (float16) wrapped in a dynamic loss-scale optimizer.
@@ -88,6 +89,8 @@ def build_optimizer(
     finite (lowering the scale). Other precisions need no scale, and the trainer skips
     their non-finite updates itself, from the global norm it computes anyway: a wrapper
     would test every gradient a second time, each update.
+
+    With a DTensor ``mesh`` the optimizer's slots take their weights' layouts there.
     """
     rate = WarmupDecay(
         optimizer.learning_rate,
@@ -103,6 +106,7 @@ def build_optimizer(
         beta_1=optimizer.beta_1,
         beta_2=optimizer.beta_2,
         epsilon=optimizer.epsilon,
+        **({"mesh": mesh} if mesh is not None else {}),
     )
     if loss_scaling:
         return keras.mixed_precision.LossScaleOptimizer(inner), rate

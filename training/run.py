@@ -58,6 +58,7 @@ from training.errors import (
     TrainingSetupError,
 )
 from training.launcher import PRECISION_ENV, die_with_supervisor
+from training.mesh_trainer import MESH_PRECISION, MeshTrainer
 from training.precision import (
     PrecisionChoice,
     record_precision,
@@ -138,6 +139,16 @@ def export_latest(task: ExperimentTask) -> tuple[int, Path]:
     return published
 
 
+def build_trainer(
+    task: ExperimentTask, role: WorkerRole, precision: str | None = None
+) -> Trainer | MeshTrainer:
+    """The trainer the experiment's distribution asks for: on a DTensor mesh, or
+    replicated by the strategy this process's devices and ``TF_CONFIG`` call for."""
+    if task.config.distribution.mesh is not None:
+        return MeshTrainer(task, role, precision=precision)
+    return Trainer(task, choose_strategy(role), role, precision=precision)
+
+
 def _check_setup(task: ExperimentTask, workers: int) -> None:
     """What would fail a run (or every worker of one) before its first step."""
     global_micro_batch_size(task.config, workers)
@@ -149,6 +160,8 @@ def _run_precision(task: ExperimentTask, *, record: bool) -> PrecisionChoice:
     the run's first start, or at a first start the probe's choice. With ``record`` (the
     process holding the run's lock) the choice is recorded for every resume and worker."""
     run_dir = task.config.run_path
+    if task.config.distribution.mesh is not None and task.config.training.precision == "auto":
+        return PrecisionChoice(MESH_PRECISION, "auto: a device mesh trains in float32")
     if task.config.training.precision == "auto":
         recorded = recorded_precision(run_dir)
         if recorded is not None:
@@ -192,7 +205,7 @@ def _train_here(
 ) -> TrainOutcome:
     _check_setup(task, role.count)
     config = task.config
-    trainer = Trainer(task, choose_strategy(role), role, precision=precision.precision)
+    trainer = build_trainer(task, role, precision.precision)
     eval_every = config.training.eval_every_steps
     with Controller(trainer, eval_every_steps=eval_every, progress=progress) as controller:
         controller.log.event(trainer.step, precision.describe())

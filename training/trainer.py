@@ -48,6 +48,7 @@ import tf_keras as keras
 
 from research.experiments.config import ExperimentConfig
 from research.experiments.task import ExperimentTask
+from research.models.weights import host_value
 from training.distribution import WorkerRole
 from training.errors import TrainingSetupError
 from training.optimization import build_optimizer
@@ -106,7 +107,7 @@ def weights_digest(model: keras.Model) -> str:
     digest = hashlib.sha256()
     for weight in model.weights:
         digest.update(weight.name.encode())
-        digest.update(weight.numpy().tobytes())
+        digest.update(host_value(weight).tobytes())
     return digest.hexdigest()
 
 
@@ -125,6 +126,21 @@ def per_example(losses: tf.Tensor) -> tf.Tensor:
     while losses.shape.rank and losses.shape.rank > 1:
         losses = tf.reduce_mean(losses, axis=-1)
     return losses
+
+
+def weighted_example_losses(
+    losses: Mapping[str, keras.losses.Loss],
+    weights: Mapping[str, float],
+    labels: Any,
+    outputs: Any,
+) -> tf.Tensor:
+    """Weighted sum of every head's loss (``per_example_losses``), one value per example."""
+    total = None
+    for name, loss in losses.items():
+        value = per_example(loss(labels[name], outputs[name]))
+        value = tf.cast(value, tf.float32) * weights.get(name, 1.0)
+        total = value if total is None else total + value
+    return total
 
 
 def evaluation_names(task: ExperimentTask) -> list[str]:
@@ -406,19 +422,12 @@ class Trainer:
         return loss, norm, stop
 
     # -- replica functions -------------------------------------------------------------
-    def _example_losses(self, labels: Any, outputs: Any) -> tf.Tensor:
-        """Weighted sum of every head's loss, one value per example."""
-        total = None
-        for name, loss in self._losses.items():
-            value = per_example(loss(labels[name], outputs[name]))
-            value = tf.cast(value, tf.float32) * self._loss_weights.get(name, 1.0)
-            total = value if total is None else total + value
-        return total
-
     def _gradients(self, features: Any, labels: Any) -> tuple[list[tf.Tensor], tf.Tensor]:
         with tf.GradientTape() as tape:
             outputs = self.model(features, training=True)
-            example_losses = self._example_losses(labels, outputs)
+            example_losses = weighted_example_losses(
+                self._losses, self._loss_weights, labels, outputs
+            )
             loss = tf.reduce_sum(example_losses) / float(self.global_update_batch)
             if self.model.losses:
                 replicas = self.strategy.num_replicas_in_sync
@@ -525,28 +534,16 @@ class Trainer:
         dataset = strategy.distribute_datasets_from_function(
             lambda context: task.build_inputs(split, batch_size=per_replica, input_context=context)
         )
-        losses, metrics, count = self._evaluation
-        for metric in [*losses.values(), *(m for items in metrics.values() for m in items), count]:
-            metric.reset_state()
+        self._evaluation.reset()
         records = tf.constant(task.manifest.splits[split].num_records, tf.int64)
         for index, (features, labels) in enumerate(dataset):
             self._evaluate_batch(features, labels, tf.constant(index, tf.int64), records)
-        weights = task.loss_weights
-        results = {"loss": sum(float(losses[name].result()) * weights[name] for name in losses)}
-        for name, items in metrics.items():
-            if len(losses) > 1:
-                results[f"{name}_loss"] = float(losses[name].result())
-            for metric in items:
-                results[f"{name}_{metric.name}"] = float(metric.result())
-        results["examples"] = float(count.result())
-        return results
+        return self._evaluation.results(task.loss_weights)
 
-    def _build_evaluation(self) -> tuple[dict[str, Any], dict[str, list[Any]], Any]:
-        """Per-head loss means, the task's metrics and an example count, built once (under
-        the strategy, so that reading them sums every replica's part)."""
+    def _build_evaluation(self) -> Evaluation:
+        """Built once, under the strategy, so that reading it sums every replica's part."""
         with self.strategy.scope():
-            losses = {name: keras.metrics.Mean(name=f"{name}_loss") for name in self._losses}
-            return losses, self.task.build_metrics(), keras.metrics.Sum(name="examples")
+            return Evaluation(self._losses, self.task.build_metrics())
 
     def _compile_evaluation(self) -> Any:
         strategy = self.strategy
@@ -568,16 +565,50 @@ class Trainer:
         replica = tf.cast(context.replica_id_in_sync_group, tf.int64)
         first = (index * self.strategy.num_replicas_in_sync + replica) * size
         mask = tf.cast(first + tf.range(size) < records, tf.float32)
-        outputs = self.model(features, training=False)
-        losses, metrics, count = self._evaluation
+        self._evaluation.update(labels, self.model(features, training=False), mask)
+
+
+class Evaluation:
+    """Per-head loss means, the task's metrics and an example count over one split.
+
+    ``update`` adds a batch, leaving out the examples ``mask`` zeroes (the padding that
+    completes a split's last global batch); ``results`` names the figures as
+    ``evaluation_names`` says.
+    """
+
+    def __init__(
+        self, losses: Mapping[str, keras.losses.Loss], metrics: dict[str, list[Any]]
+    ) -> None:
+        self._losses = dict(losses)
+        self.loss_means = {name: keras.metrics.Mean(name=f"{name}_loss") for name in losses}
+        self.metrics = metrics
+        self.count = keras.metrics.Sum(name="examples")
+
+    def reset(self) -> None:
+        metrics = (metric for items in self.metrics.values() for metric in items)
+        for metric in [*self.loss_means.values(), *metrics, self.count]:
+            metric.reset_state()
+
+    def update(self, labels: Any, outputs: Any, mask: tf.Tensor) -> None:
         for name, loss in self._losses.items():
             value = tf.cast(per_example(loss(labels[name], outputs[name])), tf.float32)
-            losses[name].update_state(value, sample_weight=mask)
-        for name, items in metrics.items():
+            self.loss_means[name].update_state(value, sample_weight=mask)
+        for name, items in self.metrics.items():
             rank = labels[name].shape.rank
             weight = tf.broadcast_to(
                 tf.reshape(mask, [-1] + [1] * (rank - 1)), tf.shape(labels[name])
             )
             for metric in items:
                 metric.update_state(labels[name], outputs[name], sample_weight=weight)
-        count.update_state(tf.reduce_sum(mask))
+        self.count.update_state(tf.reduce_sum(mask))
+
+    def results(self, weights: Mapping[str, float]) -> dict[str, float]:
+        means = self.loss_means
+        results = {"loss": sum(float(means[name].result()) * weights[name] for name in means)}
+        for name, items in self.metrics.items():
+            if len(means) > 1:
+                results[f"{name}_loss"] = float(means[name].result())
+            for metric in items:
+                results[f"{name}_{metric.name}"] = float(metric.result())
+        results["examples"] = float(self.count.result())
+        return results

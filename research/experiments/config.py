@@ -129,6 +129,28 @@ class ExportConfig(StrictModel):
     model_name: str | None = Field(default=None, description="default: the experiment name")
 
 
+class MeshShape(StrictModel):
+    """A device mesh: ``batch`` data-parallel groups of ``model`` devices that shard weights."""
+
+    batch: int = Field(default=1, ge=1, description="data-parallel size (the batch is split)")
+    model: int = Field(default=1, ge=1, description="tensor-parallel size (weights are split)")
+
+    @property
+    def devices(self) -> int:
+        return self.batch * self.model
+
+
+class DistributionConfig(StrictModel):
+    """How training spreads over devices beyond data parallelism (``training.distribution``).
+
+    Without ``mesh`` the trainer replicates the model on every device it finds; with
+    ``mesh`` it shards the zoo Transformer's and GPT's weights over the mesh's ``model``
+    axis (DTensor) and splits each batch over its ``batch`` axis.
+    """
+
+    mesh: MeshShape | None = None
+
+
 class ExperimentConfig(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     seed: int = 0
@@ -141,6 +163,7 @@ class ExperimentConfig(StrictModel):
         default=None, description="override heads derived from the dataset's labels"
     )
     training: TrainingConfig
+    distribution: DistributionConfig = Field(default_factory=DistributionConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
     base_dir: str = Field(default=".", exclude=True)
@@ -161,7 +184,10 @@ class ExperimentConfig(StrictModel):
         return self.run_path / "checkpoints"
 
     def config_hash(self) -> str:
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """What a run's checkpoints were trained by: everything but ``distribution``, which
+        says where the same updates run (a run may resume on another mesh)."""
+        settings = self.model_dump(mode="json", exclude={"distribution"})
+        canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 

@@ -38,9 +38,10 @@ from research.models.configs import ModelConfig, without_recompute
 from research.models.endpoints import compile_args
 from research.models.gpt import next_token_pairs
 from research.models.interface import conform_model
-from research.models.recompute import copy_weights_by_name, has_recomputation
+from research.models.recompute import has_recomputation
 from research.models.registry import build_model
 from research.models.specs import HeadSpec, InputSpec
+from research.models.weights import copy_weights_by_name, trained_on_mesh
 from research.preprocessing.preprocessor import FeaturePreprocessor
 
 ModelFn = Callable[[dict[str, InputSpec], dict[str, HeadSpec]], keras.Model]
@@ -123,13 +124,20 @@ class ExperimentTask:
 
     def serving_model(self, trained: keras.Model) -> keras.Model:
         """What is published of ``trained``: the model itself, or, when the zoo built its
-        blocks recomputed, the plain architecture holding the same weights, so that the
-        artifact, the gateway and compression (which rewrites each Dense) never meet a
-        way of taking gradients."""
-        if self.model_fn is not None or not has_recomputation(trained):
+        blocks recomputed or its weights sharded over a device mesh, the plain
+        architecture on one device holding the same weights, so that the artifact, the
+        gateway and compression (which rewrites each Dense) never meet a way of taking
+        gradients or a mesh."""
+        on_mesh = trained_on_mesh(trained)
+        if not (on_mesh or has_recomputation(trained)):
             return trained
-        assert self.config.model is not None
-        plain = self._build_zoo_model(without_recompute(self.config.model))
+        if self.model_fn is not None:
+            if not on_mesh:
+                return trained  # a researcher's own recomputation is theirs to keep
+            plain = self.build_model()
+        else:
+            assert self.config.model is not None
+            plain = self._build_zoo_model(without_recompute(self.config.model))
         copy_weights_by_name(trained, plain)
         return plain
 

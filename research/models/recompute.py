@@ -81,15 +81,3 @@ class Recomputed(keras.layers.Wrapper):
 def has_recomputation(model: keras.Model) -> bool:
     """Whether some block of ``model`` is recomputed in its backward pass."""
     return any(isinstance(layer, Recomputed) for layer in model._flatten_layers())
-
-
-def copy_weights_by_name(source: keras.Model, target: keras.Model) -> None:
-    """Give ``target`` the weights of ``source``, matched by name, all of them or none."""
-    values = {weight.name: weight for weight in source.weights}
-    missing = [weight.name for weight in target.weights if weight.name not in values]
-    if missing or len(values) != len(target.weights):
-        extra = sorted(set(values) - {weight.name for weight in target.weights})
-        raise ValueError(
-            f"the models' weights differ: missing {missing[:5]}, unexpected {extra[:5]}"
-        )
-    target.set_weights([values[weight.name].numpy() for weight in target.weights])

@@ -11,8 +11,9 @@ import tf_keras as keras
 from contracts.yaml_config import parse_model
 from research.models import HeadSpec, ModelConfig
 from research.models.configs import without_recompute
-from research.models.recompute import Recomputed, copy_weights_by_name, has_recomputation
+from research.models.recompute import Recomputed, has_recomputation
 from research.models.registry import build_model
+from research.models.weights import copy_weights_by_name
 from tests.research.models.checks import assert_config_round_trip
 
 VOCAB = 40

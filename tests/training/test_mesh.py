@@ -1,0 +1,197 @@
+"""Tensor parallelism on DTensor meshes of logical CPU devices: the one-device loss
+curve, weights split Megatron-style, bit-exact resume, checkpoints that restore into
+other meshes, and a published model that is the plain one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.training.experiments import write_experiment
+
+pytestmark = pytest.mark.integration
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+TIMEOUT = 600
+UPDATES = 50
+VOCABULARY = 256
+GPT = {"type": "gpt", "num_layers": 2, "d_model": 16, "num_heads": 4, "ff_dim": 32}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The generated corpus, its sentencepiece vocabulary a size every mesh here divides."""
+    from research.data.pipeline import build_dataset
+    from research.data.spec import load_spec
+    from research.data.synthetic import write_corpus_jsonl
+
+    raw = tmp_path_factory.mktemp("corpus")
+    write_corpus_jsonl(raw / "corpus.jsonl", 400, seed=7)
+    spec = yaml.safe_load((EXAMPLES / "data" / "corpus.yaml").read_text(encoding="utf-8"))
+    spec["vocab"]["size"] = VOCABULARY
+    (raw / "corpus.yaml").write_text(yaml.safe_dump(spec), encoding="utf-8")
+    build_dataset(load_spec(raw / "corpus.yaml"), raw / "dataset")
+    manifest = json.loads((raw / "dataset" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["features"]["text"]["vocab_size"] == VOCABULARY
+    return raw / "dataset"
+
+
+def experiment(directory: Path, corpus: Path, mesh: str | None, **overrides) -> Path:
+    settings = {
+        "data__features": ["text"],
+        "data__sequence_length": 16,
+        "data__batch_size": 8,
+        "heads": {"next_token": {"kind": "language_model"}},
+        "model": {**GPT, "dropout": 0.0},
+        "training__steps": UPDATES,
+        **overrides,
+    }
+    if mesh is not None:
+        batch, model = (int(size) for size in mesh.split("x"))
+        settings["distribution"] = {"mesh": {"batch": batch, "model": model}}
+    return write_experiment(directory, corpus, **settings)
+
+
+def run_worker(experiment_file: Path, out: Path, devices: int, *options: str) -> dict:
+    """The worker's report, and its weights under ``"weights"``."""
+    command = [sys.executable, "-m", "tests.training.mesh_worker", str(experiment_file)]
+    command += [str(out), "--devices", str(devices), *options]
+    try:
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=TIMEOUT, env=dict(os.environ)
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the mesh worker timed out after {TIMEOUT} s")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    report = json.loads((out / "report.json").read_text())
+    with np.load(out / "weights.npz") as saved:
+        report["weights"] = {name: saved[name] for name in saved.files}
+    return report
+
+
+def assert_same_weights(got: dict, want: dict, **tolerance) -> None:
+    """Equal weights; with a tolerance, all but the attention keys' biases, which shift
+    every score of a query alike and so leave the softmax as it is: their gradient is
+    rounding noise, which Adam turns into steps of any sign on any device."""
+    assert sorted(got) == sorted(want)
+    for name in want:
+        if tolerance and "/key/bias" in name:
+            continue
+        np.testing.assert_allclose(got[name], want[name], err_msg=name, **tolerance)
+
+
+def assert_follows(report: dict, one_device: dict) -> None:
+    """A mesh run made the one-device run's updates: its losses, weights, evaluation."""
+    assert report["trainer"] == "MeshTrainer"
+    assert len(report["losses"]) == UPDATES
+    np.testing.assert_allclose(report["losses"], one_device["losses"], rtol=1e-4)
+    assert report["losses"][-1] < report["losses"][0]
+    # Fifty Adam updates (steps of 0.01) turn rounding in a near-zero gradient into a
+    # visible part of a step here and there.
+    assert_same_weights(report["weights"], one_device["weights"], rtol=1e-3, atol=1e-3)
+    evaluation = report["evaluation"]
+    assert evaluation["examples"] == one_device["evaluation"]["examples"]
+    assert evaluation["loss"] == pytest.approx(one_device["evaluation"]["loss"], rel=1e-4)
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> dict:
+    directory = tmp_path_factory.mktemp("one-device")
+    report = run_worker(
+        experiment(directory, corpus, None), directory / "out", 1, "--mode", "curve"
+    )
+    assert report["trainer"] == "Trainer"
+    return report
+
+
+@pytest.mark.parametrize("mesh", ["1x4", "2x2"])
+def test_a_mesh_makes_the_one_device_loss_curve_holding_a_part_of_each_split_weight(
+    tmp_path: Path, corpus: Path, one_device: dict, mesh: str
+) -> None:
+    report = run_worker(experiment(tmp_path, corpus, mesh), tmp_path / "out", 4, "--mode", "curve")
+    assert_follows(report, one_device)
+
+    parts = int(mesh.split("x")[1])
+    shapes = report["local_shapes"]
+    heads, width, feed_forward = GPT["num_heads"], GPT["d_model"], GPT["ff_dim"]
+    split = {
+        "decoder_block0_attention/query/kernel:0": (width, heads // parts, width // heads),
+        "decoder_block0_attention/attention_output/kernel:0": (
+            heads // parts,
+            width // heads,
+            width,
+        ),
+        "decoder_block1_ffn_in/kernel:0": (width, feed_forward // parts),
+        "decoder_block1_ffn_out/kernel:0": (feed_forward // parts, width),
+        "decoder_embedding/token/embeddings:0": (VOCABULARY, width // parts),
+        "next_token_logits/kernel:0": (width, VOCABULARY // parts),
+    }
+    for name, part in split.items():
+        assert shapes[name] == [list(part)] * 4, name
+    assert shapes["decoder_final_norm/gamma:0"] == [[width]] * 4  # replicated
+
+
+def test_a_mesh_run_resumes_bit_for_bit_and_publishes_the_plain_model(
+    tmp_path: Path, corpus: Path
+) -> None:
+    settings = {"model": {**GPT, "dropout": 0.1}, "checkpoint__every_steps": 4}
+    straight = run_worker(
+        experiment(tmp_path / "straight", corpus, "2x2", **settings),
+        tmp_path / "straight-out", 4, "--mode", "run",
+    )  # fmt: skip
+    resumed = run_worker(
+        experiment(tmp_path / "resumed", corpus, "2x2", **settings),
+        tmp_path / "resumed-out", 4, "--mode", "run", "--stop-at", "6",
+    )  # fmt: skip
+    assert straight["step"] == resumed["step"] == UPDATES
+    assert_same_weights(resumed["weights"], straight["weights"], rtol=0, atol=0)
+
+    import tf_keras as keras
+
+    from research.models.weights import trained_on_mesh
+
+    published = keras.models.load_model(straight["published"], compile=False)
+    assert not trained_on_mesh(published)
+    served = {weight.name: weight.numpy() for weight in published.weights}
+    assert_same_weights(served, straight["weights"], rtol=0, atol=0)
+
+
+def test_checkpoints_restore_into_other_meshes_and_one_device(
+    tmp_path: Path, corpus: Path, one_device: dict
+) -> None:
+    """One run, stopped and resumed as 2x2, then 1x4, then on one device."""
+    run_dir = tmp_path / "run"
+    stages = [("2x2", 4, 12), ("1x4", 4, 30), (None, 1, None)]
+    for index, (mesh, devices, until) in enumerate(stages):
+        file = experiment(tmp_path / f"stage{index}", corpus, mesh, run_dir=str(run_dir))
+        options = ["--mode", "run"] + (["--until", str(until)] if until else [])
+        report = run_worker(file, tmp_path / f"out{index}", devices, *options)
+        assert report["step"] == (until or UPDATES)
+    assert report["trainer"] == "Trainer"
+    assert_same_weights(report["weights"], one_device["weights"], rtol=1e-3, atol=1e-3)
+    shutil.rmtree(run_dir)
+
+
+def test_experts_are_split_over_the_model_axis_one_per_device(tmp_path: Path, corpus: Path) -> None:
+    experts = {"model": {**GPT, "dropout": 0.0, "experts": {"num_experts": 4, "top_k": 2}}}
+    alone = run_worker(
+        experiment(tmp_path / "one", corpus, None, **experts), tmp_path / "one-out", 1,
+        "--mode", "curve",
+    )  # fmt: skip
+    report = run_worker(
+        experiment(tmp_path / "mesh", corpus, "1x4", **experts), tmp_path / "mesh-out", 4,
+        "--mode", "curve",
+    )  # fmt: skip
+    assert_follows(report, alone)
+    width, feed_forward = GPT["d_model"], GPT["ff_dim"]
+    shapes = report["local_shapes"]
+    assert shapes["decoder_block0_experts/experts_in/kernel:0"] == [[1, width, feed_forward]] * 4
+    assert shapes["decoder_block1_experts/experts_out/bias:0"] == [[1, width]] * 4
+    assert shapes["decoder_block0_experts/router/kernel:0"] == [[width, 4]] * 4  # replicated

@@ -1,0 +1,113 @@
+"""What training on a mesh refuses, before anything is built, and how it names it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from research.experiments import load_experiment
+from research.experiments.config import MeshShape
+from research.experiments.task import ExperimentTask
+from tests.training.experiments import write_experiment
+from training.distribution import WorkerRole
+from training.errors import TrainingSetupError
+from training.mesh import local_mesh
+from training.mesh_trainer import check_mesh_setup
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from research.data.pipeline import build_dataset
+    from research.data.spec import load_spec
+    from research.data.synthetic import write_corpus_jsonl
+
+    raw = tmp_path_factory.mktemp("corpus")
+    write_corpus_jsonl(raw / "corpus.jsonl", 200, seed=3)
+    shutil.copy(EXAMPLES / "data" / "corpus.yaml", raw / "corpus.yaml")
+    build_dataset(load_spec(raw / "corpus.yaml"), raw / "dataset")
+    return raw / "dataset"
+
+
+def task(tmp_path: Path, corpus: Path, mesh: dict, **overrides) -> ExperimentTask:
+    settings = {
+        "data__features": ["text"],
+        "data__sequence_length": 16,
+        "data__batch_size": 8,
+        "heads": {"next_token": {"kind": "language_model"}},
+        "model": {"type": "gpt", "num_layers": 1, "d_model": 16, "num_heads": 4, "ff_dim": 32},
+        "distribution": {"mesh": mesh},
+        **overrides,
+    }
+    return ExperimentTask(load_experiment(write_experiment(tmp_path, corpus, **settings)))
+
+
+@pytest.mark.parametrize(
+    ("mesh", "overrides", "workers", "precision", "message"),
+    [
+        (
+            {"model": 3},
+            {},
+            1,
+            "float32",
+            "model.num_heads: 4 does not split over the mesh's model axis (3)",
+        ),
+        (
+            {"batch": 3},
+            {},
+            1,
+            "float32",
+            "data.batch_size: 8 is not divisible by the mesh's batch axis (3)",
+        ),
+        (
+            {"model": 2},
+            {"model": {"type": "gpt", "num_heads": 2, "experts": {"num_experts": 3}}},
+            1,
+            "float32",
+            "model.experts.num_experts: 3 does not split over the mesh's model axis (2)",
+        ),
+        ({"model": 2}, {}, 2, "float32", "cannot be combined with 2 workers"),
+        (
+            {"model": 2},
+            {"training__gradient_accumulation": 2},
+            1,
+            "float32",
+            "gradient_accumulation",
+        ),
+        ({"model": 2}, {}, 1, "mixed_float16", "precision mixed_float16 is not supported"),
+        ({"model": 2}, {}, 1, "mixed_bfloat16", "precision mixed_bfloat16 is not supported"),
+        ({"model": 2}, {"training__jit_compile": True}, 1, "float32", "jit_compile: true"),
+    ],
+    ids=["heads", "batch", "experts", "workers", "accumulation", "float16", "bfloat16", "xla"],
+)
+def test_what_a_mesh_cannot_do_is_a_setup_error_naming_the_key(
+    tmp_path: Path, corpus: Path, mesh, overrides, workers, precision, message
+) -> None:
+    experiment = task(tmp_path, corpus, mesh, **overrides)
+    with pytest.raises(TrainingSetupError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_mesh_setup(experiment, WorkerRole(0, workers), precision)
+
+
+def test_a_mesh_larger_than_the_devices_of_a_started_runtime_is_a_setup_error() -> None:
+    """Once TensorFlow has started, its CPU can no longer be split for a mesh."""
+    import tensorflow as tf
+
+    devices = len(tf.config.list_logical_devices("CPU"))  # starts the runtime
+    wanted = MeshShape(batch=2, model=devices)
+    with pytest.raises(
+        TrainingSetupError,
+        match=rf"2 x {devices} needs {2 * devices} CPU devices; this process has {devices}",
+    ):
+        local_mesh(wanted)
+
+
+def test_the_mesh_is_not_part_of_what_a_run_was_trained_by(tmp_path: Path, corpus: Path) -> None:
+    """A run may resume on another mesh: its config hash leaves the distribution out."""
+    on_mesh = task(tmp_path / "a", corpus, {"batch": 2, "model": 2}).config
+    elsewhere = task(tmp_path / "b", corpus, {"model": 4}).config
+    assert on_mesh.config_hash() == elsewhere.config_hash()
+    wider = task(tmp_path / "c", corpus, {"model": 4}, data__batch_size=16).config
+    assert wider.config_hash() != elsewhere.config_hash()
