@@ -195,3 +195,26 @@ def test_experts_are_split_over_the_model_axis_one_per_device(tmp_path: Path, co
     assert shapes["decoder_block0_experts/experts_in/kernel:0"] == [[1, width, feed_forward]] * 4
     assert shapes["decoder_block1_experts/experts_out/bias:0"] == [[1, width]] * 4
     assert shapes["decoder_block0_experts/router/kernel:0"] == [[width, 4]] * 4  # replicated
+
+
+def test_the_transformer_classifier_trains_on_a_mesh_as_on_one_device(
+    tmp_path: Path, corpus: Path
+) -> None:
+    classifier = {
+        "heads": None,
+        "data__labels": ["topic"],
+        "model": {**GPT, "type": "transformer", "pooling": "cls", "dropout": 0.0},
+    }
+    alone = run_worker(
+        experiment(tmp_path / "one", corpus, None, **classifier), tmp_path / "one-out", 1,
+        "--mode", "curve",
+    )  # fmt: skip
+    report = run_worker(
+        experiment(tmp_path / "mesh", corpus, "2x2", **classifier), tmp_path / "mesh-out", 4,
+        "--mode", "curve",
+    )  # fmt: skip
+    assert_follows(report, alone)
+    assert report["evaluation"]["topic_accuracy"] == pytest.approx(
+        alone["evaluation"]["topic_accuracy"]
+    )
+    assert report["local_shapes"]["encoder_block1_ffn_in/kernel:0"] == [[16, 16]] * 4
