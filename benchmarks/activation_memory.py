@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import benchmark_parser, machine_info, write_results
+from benchmarks.common import benchmark_parser, machine_info, print_rows, write_results
 
 RESULTS_FILE = Path(__file__).resolve().parent / "results" / "activation_memory.json"
 MEMORY_GOAL = 0.70
@@ -200,15 +200,8 @@ def table_rows(figures: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 def print_table(results: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="Activation recomputation" + (" (quick)" if results["quick"] else ""))
-    for column in ("benchmark", "model", "measured", "baseline", "ratio", "", "goal", "status"):
-        table.add_column(column)
-    for row in table_rows(results["recompute"]):
-        table.add_row(*row)
-    Console(width=180).print(table)
+    quick = " (quick)" if results["quick"] else ""
+    print_rows("Activation recomputation" + quick, table_rows(results["recompute"]))
 
 
 def main(argv: list[str] | None = None) -> int:

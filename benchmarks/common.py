@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import platform
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +43,29 @@ def benchmark_parser(
         "--output", type=Path, default=results_file, help=f"JSON results (default: {results_file})"
     )
     return parser
+
+
+# The columns of the trainer benchmarks' table, which the sections run on their own share.
+TRAINER_COLUMNS = (
+    "benchmark",
+    "model",
+    "measured",
+    "baseline",
+    "ratio",
+    "per CPU s",
+    "goal",
+    "status",
+)
+
+
+def print_rows(title: str, rows: Iterable[Sequence[str]]) -> None:
+    """One section's rows of the trainer benchmarks' table, as a table of its own."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in TRAINER_COLUMNS:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    Console(width=180).print(table)

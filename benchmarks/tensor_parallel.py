@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import benchmark_parser, machine_info, write_results
+from benchmarks.common import benchmark_parser, machine_info, print_rows, write_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "tensor_parallel.json"
@@ -171,15 +171,8 @@ def table_rows(figures: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 def print_table(results: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="DTensor meshes" + (" (quick)" if results["quick"] else ""))
-    for column in ("benchmark", "model", "measured", "baseline", "ratio", "", "goal", "status"):
-        table.add_column(column)
-    for row in table_rows(results["meshes"]):
-        table.add_row(*row)
-    Console(width=180).print(table)
+    quick = " (quick)" if results["quick"] else ""
+    print_rows("DTensor meshes" + quick, table_rows(results["meshes"]))
 
 
 def main(argv: list[str] | None = None) -> int:

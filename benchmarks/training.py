@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import activation_memory, tensor_parallel
-from benchmarks.common import benchmark_parser, machine_info
+from benchmarks.common import TRAINER_COLUMNS, benchmark_parser, machine_info
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
@@ -662,9 +662,6 @@ def _times(ratio: float) -> str:
     return f"{ratio:.2f}" if ratio < 10 else f"{ratio:.0f}"
 
 
-COLUMNS = ("benchmark", "model", "measured", "baseline", "ratio", "per CPU s", "goal", "status")
-
-
 def print_table(results: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -674,7 +671,7 @@ def print_table(results: Mapping[str, Any]) -> None:
         console = Console(width=180)
     quick = " (quick)" if results["quick"] else ""
     table = Table(title=f"Slipway trainer benchmarks{quick}")
-    for column in COLUMNS:
+    for column in TRAINER_COLUMNS:
         table.add_column(column)
     workloads = results["workloads"]
     for comparison in COMPARISONS:

@@ -41,9 +41,9 @@ from training.precision import apply_precision
 from training.trainer import (
     Evaluation,
     Execution,
+    TrainerState,
     configure_determinism,
     per_example_losses,
-    random_generators,
     weighted_example_losses,
 )
 from training.verification import verify_training_shards
@@ -120,8 +120,9 @@ def _split_sizes(model: ModelConfig | None) -> list[tuple[str, int]]:
     return [(prefix + key, size) for key, size in sizes.items()]
 
 
-class MeshTrainer:
-    """The model, optimizer and input of a run on a ``batch x model`` device mesh."""
+class MeshTrainer(TrainerState):
+    """The model, optimizer and input of a run on a ``batch x model`` device mesh (its
+    checkpoint holds every variable sharded, as each device holds it)."""
 
     accumulation = 1
     jit_compiled = False
@@ -184,33 +185,7 @@ class MeshTrainer:
         self._evaluation = Evaluation(self._losses, task.build_metrics())
         self._score = tf.function(self._evaluation.update)
 
-    # -- state the Controller reads, keeps and repairs ------------------------------------
-    @property
-    def step(self) -> int:
-        return int(self.optimizer.iterations.numpy())
-
-    @property
-    def checkpointed(self) -> dict[str, Any]:
-        """The objects a checkpoint must hold (saved sharded, as each device holds them)."""
-        return {
-            "input_position": self.input_position,
-            "model": self.model,
-            "optimizer": self.optimizer,
-            "lr_scale": self.lr_scale,
-            "random": random_generators(self.model),
-        }
-
-    @property
-    def consecutive_nonfinite(self) -> int:
-        return int(self._consecutive_nonfinite.numpy())
-
-    @property
-    def skipped_updates(self) -> int:
-        return int(self._skipped_updates.numpy())
-
-    def forget_nonfinite(self) -> None:
-        self._consecutive_nonfinite.assign(replicated(self.mesh, tf.constant(0, tf.int64)))
-
+    # -- the input ---------------------------------------------------------------------
     def seek_input(self) -> None:
         """Read the input from ``input_position`` on (after restoring it)."""
         position = int(self.input_position.numpy())

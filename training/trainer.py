@@ -219,7 +219,47 @@ def _sum_over_replicas(values: Any) -> Any:
     return context.all_reduce(tf.distribute.ReduceOp.SUM, values)
 
 
-class Trainer:
+class TrainerState:
+    """What the Controller reads, keeps and repairs of a trainer, wherever it trains."""
+
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    input_position: tf.Variable
+    lr_scale: tf.Variable
+    _consecutive_nonfinite: tf.Variable
+    _skipped_updates: tf.Variable
+
+    @property
+    def step(self) -> int:
+        return int(self.optimizer.iterations.numpy())
+
+    @property
+    def checkpointed(self) -> dict[str, Any]:
+        """The objects a checkpoint must hold."""
+        return {
+            "input_position": self.input_position,
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "lr_scale": self.lr_scale,
+            "random": random_generators(self.model),
+        }
+
+    @property
+    def consecutive_nonfinite(self) -> int:
+        """Updates skipped in a row because their loss or gradients were not finite."""
+        return int(self._consecutive_nonfinite.numpy())
+
+    @property
+    def skipped_updates(self) -> int:
+        """Updates skipped by this process (a restore does not roll the count back)."""
+        return int(self._skipped_updates.numpy())
+
+    def forget_nonfinite(self) -> None:
+        """Start counting non-finite updates in a row afresh (after a restore)."""
+        self._consecutive_nonfinite.assign(tf.zeros_like(self._consecutive_nonfinite))
+
+
+class Trainer(TrainerState):
     """The model, optimizer and input of one worker (of ``role.count``), and their steps.
 
     Seeds and the precision policy are set here, before the model is built, because
@@ -284,35 +324,6 @@ class Trainer:
         self._evaluate_batch = self._compile_evaluation()  # traced once per run
 
     # -- state the Controller reads, keeps and repairs ------------------------------------
-    @property
-    def step(self) -> int:
-        return int(self.optimizer.iterations.numpy())
-
-    @property
-    def checkpointed(self) -> dict[str, Any]:
-        """The objects a checkpoint must hold."""
-        return {
-            "input_position": self.input_position,
-            "model": self.model,
-            "optimizer": self.optimizer,
-            "lr_scale": self.lr_scale,
-            "random": random_generators(self.model),
-        }
-
-    @property
-    def consecutive_nonfinite(self) -> int:
-        """Updates skipped in a row because their loss or gradients were not finite."""
-        return int(self._consecutive_nonfinite.numpy())
-
-    @property
-    def skipped_updates(self) -> int:
-        """Updates skipped by this process (a restore does not roll the count back)."""
-        return int(self._skipped_updates.numpy())
-
-    def forget_nonfinite(self) -> None:
-        """Start counting non-finite updates in a row afresh (after a restore)."""
-        self._consecutive_nonfinite.assign(0)
-
     def seek_input(self) -> None:
         """Read the input from ``input_position`` on (after restoring it)."""
         self.iterator = self.input_iterator(int(self.input_position.numpy()))

@@ -66,6 +66,28 @@ def build_digits_dataset(directory: Path) -> Path:
     return directory / "dataset"
 
 
+def build_corpus_dataset(
+    directory: Path, documents: int, seed: int = 7, vocabulary: int | None = None
+) -> Path:
+    """The generated text corpus, built with the example spec (``vocabulary``: the
+    sentencepiece size asked for instead of the example's)."""
+    import yaml
+
+    from research.data.pipeline import build_dataset
+    from research.data.spec import load_spec
+    from research.data.synthetic import write_corpus_jsonl
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    directory.mkdir(parents=True, exist_ok=True)
+    write_corpus_jsonl(directory / "corpus.jsonl", documents, seed=seed)
+    spec = yaml.safe_load((examples / "data" / "corpus.yaml").read_text(encoding="utf-8"))
+    if vocabulary is not None:
+        spec["vocab"]["size"] = vocabulary
+    (directory / "corpus.yaml").write_text(yaml.safe_dump(spec), encoding="utf-8")
+    build_dataset(load_spec(directory / "corpus.yaml"), directory / "dataset")
+    return directory / "dataset"
+
+
 def write_experiment(directory: Path, dataset: Path, **overrides: Any) -> Path:
     """An experiment YAML in ``directory``; ``overrides`` use dotted keys
     (``training__steps=40`` sets training.steps)."""

@@ -13,12 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-from tests.training.experiments import write_experiment
+from tests.training.experiments import build_corpus_dataset, write_experiment
 
 pytestmark = pytest.mark.integration
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TIMEOUT = 600
 UPDATES = 50
 VOCABULARY = 256
@@ -28,19 +26,10 @@ GPT = {"type": "gpt", "num_layers": 2, "d_model": 16, "num_heads": 4, "ff_dim": 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The generated corpus, its sentencepiece vocabulary a size every mesh here divides."""
-    from research.data.pipeline import build_dataset
-    from research.data.spec import load_spec
-    from research.data.synthetic import write_corpus_jsonl
-
-    raw = tmp_path_factory.mktemp("corpus")
-    write_corpus_jsonl(raw / "corpus.jsonl", 400, seed=7)
-    spec = yaml.safe_load((EXAMPLES / "data" / "corpus.yaml").read_text(encoding="utf-8"))
-    spec["vocab"]["size"] = VOCABULARY
-    (raw / "corpus.yaml").write_text(yaml.safe_dump(spec), encoding="utf-8")
-    build_dataset(load_spec(raw / "corpus.yaml"), raw / "dataset")
-    manifest = json.loads((raw / "dataset" / "manifest.json").read_text(encoding="utf-8"))
+    dataset = build_corpus_dataset(tmp_path_factory.mktemp("corpus"), 400, vocabulary=VOCABULARY)
+    manifest = json.loads((dataset / "manifest.json").read_text(encoding="utf-8"))
     assert manifest["features"]["text"]["vocab_size"] == VOCABULARY
-    return raw / "dataset"
+    return dataset
 
 
 def experiment(directory: Path, corpus: Path, mesh: str | None, **overrides) -> Path:
@@ -85,6 +74,19 @@ def assert_same_weights(got: dict, want: dict, **tolerance) -> None:
         if tolerance and "/key/bias" in name:
             continue
         np.testing.assert_allclose(got[name], want[name], err_msg=name, **tolerance)
+
+
+def curves_alone_and_on(tmp_path: Path, corpus: Path, mesh: str, **overrides) -> tuple:
+    """The same experiment's curve reports on one device and on ``mesh``."""
+    alone = run_worker(
+        experiment(tmp_path / "one", corpus, None, **overrides), tmp_path / "one-out", 1,
+        "--mode", "curve",
+    )  # fmt: skip
+    on_mesh = run_worker(
+        experiment(tmp_path / "mesh", corpus, mesh, **overrides), tmp_path / "mesh-out", 4,
+        "--mode", "curve",
+    )  # fmt: skip
+    return alone, on_mesh
 
 
 def assert_follows(report: dict, one_device: dict) -> None:
@@ -181,14 +183,7 @@ def test_checkpoints_restore_into_other_meshes_and_one_device(
 
 def test_experts_are_split_over_the_model_axis_one_per_device(tmp_path: Path, corpus: Path) -> None:
     experts = {"model": {**GPT, "dropout": 0.0, "experts": {"num_experts": 4, "top_k": 2}}}
-    alone = run_worker(
-        experiment(tmp_path / "one", corpus, None, **experts), tmp_path / "one-out", 1,
-        "--mode", "curve",
-    )  # fmt: skip
-    report = run_worker(
-        experiment(tmp_path / "mesh", corpus, "1x4", **experts), tmp_path / "mesh-out", 4,
-        "--mode", "curve",
-    )  # fmt: skip
+    alone, report = curves_alone_and_on(tmp_path, corpus, "1x4", **experts)
     assert_follows(report, alone)
     width, feed_forward = GPT["d_model"], GPT["ff_dim"]
     shapes = report["local_shapes"]
@@ -205,14 +200,7 @@ def test_the_transformer_classifier_trains_on_a_mesh_as_on_one_device(
         "data__labels": ["topic"],
         "model": {**GPT, "type": "transformer", "pooling": "cls", "dropout": 0.0},
     }
-    alone = run_worker(
-        experiment(tmp_path / "one", corpus, None, **classifier), tmp_path / "one-out", 1,
-        "--mode", "curve",
-    )  # fmt: skip
-    report = run_worker(
-        experiment(tmp_path / "mesh", corpus, "2x2", **classifier), tmp_path / "mesh-out", 4,
-        "--mode", "curve",
-    )  # fmt: skip
+    alone, report = curves_alone_and_on(tmp_path, corpus, "2x2", **classifier)
     assert_follows(report, alone)
     assert report["evaluation"]["topic_accuracy"] == pytest.approx(
         alone["evaluation"]["topic_accuracy"]

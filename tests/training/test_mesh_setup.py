@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -10,26 +9,16 @@ import pytest
 from research.experiments import load_experiment
 from research.experiments.config import MeshShape
 from research.experiments.task import ExperimentTask
-from tests.training.experiments import write_experiment
+from tests.training.experiments import build_corpus_dataset, write_experiment
 from training.distribution import WorkerRole
 from training.errors import TrainingSetupError
 from training.mesh import local_mesh
 from training.mesh_trainer import check_mesh_setup
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from research.data.pipeline import build_dataset
-    from research.data.spec import load_spec
-    from research.data.synthetic import write_corpus_jsonl
-
-    raw = tmp_path_factory.mktemp("corpus")
-    write_corpus_jsonl(raw / "corpus.jsonl", 200, seed=3)
-    shutil.copy(EXAMPLES / "data" / "corpus.yaml", raw / "corpus.yaml")
-    build_dataset(load_spec(raw / "corpus.yaml"), raw / "dataset")
-    return raw / "dataset"
+    return build_corpus_dataset(tmp_path_factory.mktemp("corpus"), 200, seed=3)
 
 
 def task(tmp_path: Path, corpus: Path, mesh: dict, **overrides) -> ExperimentTask:

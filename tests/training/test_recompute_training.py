@@ -3,7 +3,6 @@ replicas, bit-exact resume, and a published model that is the plain architecture
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,24 +10,15 @@ import pytest
 import tf_keras as keras
 
 from research.models.recompute import has_recomputation
-from tests.training.experiments import write_experiment
+from tests.training.experiments import build_corpus_dataset, write_experiment
 from tests.training.test_replicas import train
 
 pytestmark = pytest.mark.integration
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from research.data.pipeline import build_dataset
-    from research.data.spec import load_spec
-    from research.data.synthetic import write_corpus_jsonl
-
-    raw = tmp_path_factory.mktemp("corpus")
-    write_corpus_jsonl(raw / "corpus.jsonl", 400, seed=7)
-    shutil.copy(EXAMPLES / "data" / "corpus.yaml", raw / "corpus.yaml")
-    build_dataset(load_spec(raw / "corpus.yaml"), raw / "dataset")
-    return raw / "dataset"
+    return build_corpus_dataset(tmp_path_factory.mktemp("corpus"), 400)
 
 
 def gpt_settings(recompute: bool) -> dict:
