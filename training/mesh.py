@@ -33,7 +33,7 @@ import tf_keras as keras
 from tensorflow.experimental import dtensor
 
 from research.experiments.config import MeshShape
-from research.models.weights import stored
+from research.models.weights import matching_weights, stored
 from training.errors import TrainingSetupError
 
 BATCH, MODEL = "batch", "model"
@@ -132,12 +132,9 @@ def local_shapes(variable: tf.Variable) -> list[tuple[int, ...]]:
 
 
 def place_weights(source: keras.Model, target: keras.Model) -> None:
-    """Give ``target`` (built on a mesh) the weights of ``source``, matched by name, each
-    laid out as the target's variable is."""
-    values = {weight.name: weight for weight in source.weights}
-    for weight in map(stored, target.weights):
-        if weight.name not in values:
-            raise ValueError(f"{weight.name} is not a weight of {source.name}")
-        layout = dtensor.fetch_layout(weight)
-        whole = replicated(layout.mesh, values[weight.name].numpy())
-        weight.assign(dtensor.relayout(whole, layout))
+    """Give ``target`` (built on a mesh) the weights of ``source`` (``matching_weights``),
+    each laid out as the target's variable is."""
+    for mine, theirs in matching_weights(source, target):
+        variable = stored(theirs)
+        layout = dtensor.fetch_layout(variable)
+        variable.assign(dtensor.relayout(replicated(layout.mesh, mine.numpy()), layout))

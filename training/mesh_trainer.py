@@ -7,9 +7,11 @@ counted. What differs is where tensors live. The model is built under the Megatr
 layouts of ``training.mesh``, so every variable is a ``DVariable`` with its layout, the
 optimizer's slots follow those layouts, and DTensor's SPMD expansion inserts the
 collectives each op needs; a host batch is split over the mesh's ``batch`` axis before
-an update. Embedding gradients are made dense (DTensor has no layout for a sparse
-scatter into a sharded table). Evaluation brings the outputs back to the host and
-scores them there, with the metrics the ``Trainer`` uses.
+an update. Gradients are made dense (DTensor has no layout for a sparse scatter into a
+sharded table) and laid out as their variables are before the optimizer sees them.
+Evaluation brings the outputs back to the host and scores them there, with the metrics
+the ``Trainer`` uses. An update is one mesh program (``steps_per_execution`` does not
+group them here).
 
 Not on a mesh: gradient accumulation, mixed precision (Keras's ``LayoutMap`` does not
 lay out the cast-on-read variables a mixed policy makes), several workers and XLA
@@ -204,10 +206,9 @@ class MeshTrainer(TrainerState):
         """Run ``num_updates`` updates, one mesh program each."""
         if self.iterator is None:
             self.seek_input()
-        total, norm = 0.0, 0.0
+        total, norm, mesh = 0.0, 0.0, self.mesh
         for _ in range(num_updates):
             features, labels = next(self.iterator)
-            mesh = self.mesh
             loss, norm_tensor = self._update(
                 split_over_batch(mesh, features), split_over_batch(mesh, labels)
             )

@@ -41,7 +41,7 @@ from research.models.interface import conform_model
 from research.models.recompute import has_recomputation
 from research.models.registry import build_model
 from research.models.specs import HeadSpec, InputSpec
-from research.models.weights import copy_weights_by_name, trained_on_mesh
+from research.models.weights import copy_weights, trained_on_mesh
 from research.preprocessing.preprocessor import FeaturePreprocessor
 
 ModelFn = Callable[[dict[str, InputSpec], dict[str, HeadSpec]], keras.Model]
@@ -138,7 +138,7 @@ class ExperimentTask:
         else:
             assert self.config.model is not None
             plain = self._build_zoo_model(without_recompute(self.config.model))
-        copy_weights_by_name(trained, plain)
+        copy_weights(trained, plain)
         return plain
 
     def build_inputs(

@@ -42,13 +42,29 @@ def trained_on_mesh(model: keras.Model) -> bool:
     return any(is_on_mesh(weight) for weight in model.weights)
 
 
-def copy_weights_by_name(source: keras.Model, target: keras.Model) -> None:
-    """Give ``target`` the weights of ``source``, matched by name, all of them or none."""
-    values = {weight.name: weight for weight in source.weights}
-    missing = [weight.name for weight in target.weights if weight.name not in values]
-    if missing or len(values) != len(target.weights):
-        extra = sorted(set(values) - {weight.name for weight in target.weights})
+def matching_weights(source: keras.Model, target: keras.Model) -> list[tuple[Any, Any]]:
+    """``(source weight, target weight)`` pairs of two builds of one architecture.
+
+    Matched by name when every name matches (a recomputed and a plain zoo model hold
+    their weights at other paths under the same names); otherwise in order, shape by
+    shape, as two calls of one build function create them (Keras numbers the layers it
+    names itself anew in every build: ``dense``, then ``dense_1``).
+    """
+    names = {weight.name: weight for weight in source.weights}
+    if len(names) == len(target.weights) and all(w.name in names for w in target.weights):
+        return [(names[weight.name], weight) for weight in target.weights]
+    pairs = list(zip(source.weights, target.weights, strict=False))
+    if len(source.weights) != len(target.weights) or any(
+        tuple(a.shape) != tuple(b.shape) for a, b in pairs
+    ):
+        missing = sorted(set(w.name for w in target.weights) - set(names))[:5]
         raise ValueError(
-            f"the models' weights differ: missing {missing[:5]}, unexpected {extra[:5]}"
+            f"the models' weights differ: {len(source.weights)} against "
+            f"{len(target.weights)}, by name missing {missing}"
         )
-    target.set_weights([host_value(values[weight.name]) for weight in target.weights])
+    return pairs
+
+
+def copy_weights(source: keras.Model, target: keras.Model) -> None:
+    """Give ``target`` the weights of ``source`` (``matching_weights``), wherever they live."""
+    target.set_weights([host_value(mine) for mine, _ in matching_weights(source, target)])

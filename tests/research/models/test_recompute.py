@@ -13,7 +13,7 @@ from research.models import HeadSpec, ModelConfig
 from research.models.configs import without_recompute
 from research.models.recompute import Recomputed, has_recomputation
 from research.models.registry import build_model
-from research.models.weights import copy_weights_by_name
+from research.models.weights import copy_weights
 from tests.research.models.checks import assert_config_round_trip
 
 VOCAB = 40
@@ -71,7 +71,7 @@ def test_recomputed_blocks_take_the_plain_gradients_with_the_same_dropout_masks(
 ) -> None:
     plain, recomputed = _gpt(False, dropout=0.2), _gpt(True, dropout=0.2)
     assert has_recomputation(recomputed) and not has_recomputation(plain)
-    copy_weights_by_name(plain, recomputed)
+    copy_weights(plain, recomputed)
     plain_step, recomputed_step = _step(plain, jit_compile), _step(recomputed, jit_compile)
     for _ in range(2):  # the second step draws from where the first left the generators
         plain_loss, plain_gradients = plain_step(_ids())
@@ -108,7 +108,7 @@ def test_the_backward_pass_runs_each_block_again() -> None:
 
 def test_outside_training_the_wrapper_is_the_block() -> None:
     plain, recomputed = _gpt(False), _gpt(True)
-    copy_weights_by_name(plain, recomputed)
+    copy_weights(plain, recomputed)
     ids = _ids()
     np.testing.assert_allclose(
         recomputed({"tokens": ids})["next_token"].numpy(),
@@ -131,4 +131,4 @@ def test_the_plain_config_turns_recomputation_off_everywhere() -> None:
 
 def test_weights_are_copied_only_when_every_name_matches() -> None:
     with pytest.raises(ValueError, match="weights differ"):
-        copy_weights_by_name(_gpt(True), _gpt(False, num_layers=2))
+        copy_weights(_gpt(True), _gpt(False, num_layers=2))
