@@ -206,3 +206,34 @@ def test_the_transformer_classifier_trains_on_a_mesh_as_on_one_device(
         alone["evaluation"]["topic_accuracy"]
     )
     assert report["local_shapes"]["encoder_block1_ffn_in/kernel:0"] == [[16, 16]] * 4
+
+
+def test_slipway_train_splits_the_cpu_for_a_mesh_and_publishes(
+    tmp_path: Path, corpus: Path
+) -> None:
+    """The command line on a machine without GPUs: nothing configures devices but the run."""
+    file = experiment(tmp_path, corpus, "1x2", training__steps=6, training__precision="auto")
+    result = subprocess.run(
+        [sys.executable, "-m", "slipway", "train", str(file), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    log = (tmp_path / "run" / "metrics.jsonl").read_text(encoding="utf-8")
+    assert "precision float32 (auto: a device mesh trains in float32)" in log
+    (version,) = (tmp_path / "models" / "mlp").iterdir()
+    manifest = json.loads((version / "slipway.json").read_text(encoding="utf-8"))
+    assert manifest["provenance"]["experiment"] == "mlp"
+
+
+def test_an_update_that_is_not_finite_is_skipped_on_a_mesh(tmp_path: Path, corpus: Path) -> None:
+    report = run_worker(
+        experiment(tmp_path, corpus, "2x2"), tmp_path / "out", 4,
+        "--mode", "curve", "--updates", "5", "--poison-after", "3",
+    )  # fmt: skip
+    assert report["skipped_updates"] == report["consecutive_nonfinite"] == 2
+    assert np.isfinite(report["losses"][:3]).all() and not np.isfinite(report["losses"][3:]).any()
+    with np.load(tmp_path / "out" / "poisoned.npz") as poisoned:
+        # Nothing was applied after the poison: every weight is as it was then.
+        assert_same_weights(report["weights"], {name: poisoned[name] for name in poisoned.files})
