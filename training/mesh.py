@@ -32,32 +32,50 @@ import tensorflow as tf
 import tf_keras as keras
 from tensorflow.experimental import dtensor
 
-from research.experiments.config import MeshShape
+from research.experiments.config import DistributionConfig, MeshShape
 from research.models.weights import matching_weights, stored
 from training.errors import TrainingSetupError
 
 BATCH, MODEL = "batch", "model"
 
 
-def local_mesh(shape: MeshShape) -> dtensor.Mesh:
-    """A ``batch x model`` mesh over this process's GPUs, else its CPU devices.
+def local_devices(count: int, wanted_by: str = "distribution.pipeline") -> list[str]:
+    """``count`` of this process's GPUs, else of its CPU devices, by name.
 
-    Without GPUs, a CPU not yet split into as many logical devices as the mesh needs is
-    split now, if the runtime has not started (after that its devices are fixed), so a
-    mesh can be tried on any machine.
+    Without GPUs, a CPU not yet split into ``count`` logical devices is split now, if
+    the runtime has not started (after that its devices are fixed), so a mesh or a
+    pipeline can be tried on any machine.
     """
     if not tf.config.list_physical_devices("GPU"):
-        _split_cpu(shape.devices)
+        _split_cpu(count)
     gpus = tf.config.list_logical_devices("GPU")
     devices = gpus or tf.config.list_logical_devices("CPU")
     kind = "GPU" if gpus else "CPU"
-    if len(devices) < shape.devices:
+    if len(devices) < count:
         raise TrainingSetupError(
-            f"distribution.mesh: {shape.batch} x {shape.model} needs {shape.devices} "
-            f"{kind} devices; this process has {len(devices)}"
+            f"{wanted_by} needs {count} {kind} devices; this process has {len(devices)}"
         )
-    names = [f"{kind}:{index}" for index in range(shape.devices)]
+    return [device.name for device in devices[:count]]
+
+
+def local_mesh(shape: MeshShape) -> dtensor.Mesh:
+    """A ``batch x model`` mesh over this process's GPUs, else its CPU devices."""
+    devices = local_devices(
+        shape.devices, wanted_by=f"distribution.mesh: {shape.batch} x {shape.model}"
+    )
+    names = [device.rpartition("device:")[2] for device in devices]
     return dtensor.create_mesh([(BATCH, shape.batch), (MODEL, shape.model)], devices=names)
+
+
+def prepare_devices(distribution: DistributionConfig) -> None:
+    """Split a machine's CPU into the devices a mesh or a pipeline needs, when it has
+    no GPUs, while TensorFlow's runtime has not started yet."""
+    if tf.config.list_physical_devices("GPU"):
+        return
+    if distribution.mesh is not None:
+        _split_cpu(distribution.mesh.devices)
+    elif distribution.pipeline is not None:
+        _split_cpu(distribution.pipeline.stages)
 
 
 def _split_cpu(count: int) -> None:

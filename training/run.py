@@ -4,6 +4,7 @@ A researcher's script::
 
     from research.experiments import load_experiment
     from research.experiments.task import ExperimentTask
+from research.models.placement import pipeline_stages
     from training.run import train
 
     if __name__ == "__main__":
@@ -42,11 +43,13 @@ import os
 import sys
 from pathlib import Path
 
+import tensorflow as tf
 from rich.console import Console
 from rich.markup import escape
 
 from contracts.atomic_files import write_json_atomically
 from research.experiments.task import ExperimentTask
+from research.models.placement import pipeline_stages
 from training.checkpoints import latest_committed_step
 from training.controller import Controller, TrainOutcome, check_writable
 from training.distribution import WorkerRole, choose_strategy, worker_role
@@ -58,6 +61,7 @@ from training.errors import (
     TrainingSetupError,
 )
 from training.launcher import PRECISION_ENV, die_with_supervisor
+from training.mesh import local_devices, prepare_devices
 from training.mesh_trainer import MESH_PRECISION, MeshTrainer
 from training.precision import (
     PrecisionChoice,
@@ -94,6 +98,9 @@ def train(
     """
     if workers < 1:
         raise ValueError(f"workers must be at least 1. Received: workers={workers}")
+    # Before anything starts TensorFlow's runtime (the precision probe does), after
+    # which a CPU can no longer be split into a mesh's or a pipeline's devices.
+    prepare_devices(task.config.distribution)
     if "TF_CONFIG" not in os.environ:
         # This process is the run: it alone may train in the run directory, and into the
         # checkpoint directory, until it ends.
@@ -142,10 +149,21 @@ def export_latest(task: ExperimentTask) -> tuple[int, Path]:
 def build_trainer(
     task: ExperimentTask, role: WorkerRole, precision: str | None = None
 ) -> Trainer | MeshTrainer:
-    """The trainer the experiment's distribution asks for: on a DTensor mesh, or
-    replicated by the strategy this process's devices and ``TF_CONFIG`` call for."""
-    if task.config.distribution.mesh is not None:
+    """The trainer the experiment's distribution asks for: on a DTensor mesh, with its
+    blocks in pipeline stages, or replicated by the strategy this process's devices and
+    ``TF_CONFIG`` call for."""
+    distribution = task.config.distribution
+    if distribution.mesh is not None:
         return MeshTrainer(task, role, precision=precision)
+    if distribution.pipeline is not None:
+        if role.count > 1:
+            raise TrainingSetupError(
+                "distribution.pipeline places the blocks on this process's devices; "
+                f"it cannot be combined with {role.count} workers"
+            )
+        # One replica whose blocks sit on the stages' devices: the default strategy.
+        with pipeline_stages(local_devices(distribution.pipeline.stages)):
+            return Trainer(task, tf.distribute.get_strategy(), role, precision=precision)
     return Trainer(task, choose_strategy(role), role, precision=precision)
 
 

@@ -48,6 +48,7 @@ import tf_keras as keras
 
 from research.experiments.config import ExperimentConfig
 from research.experiments.task import ExperimentTask
+from research.models.placement import is_placed
 from research.models.weights import host_value
 from training.distribution import WorkerRole
 from training.errors import TrainingSetupError
@@ -317,7 +318,12 @@ class Trainer(TrainerState):
         self._losses = per_example_losses(task.build_losses())
         self._loss_weights = task.loss_weights
         self._jit_compile = training.jit_compile
-        self.jit_compiled = training.jit_compile is not False
+        self.jit_compiled = training.jit_compile is not False and not is_placed(self.model)
+        if training.jit_compile is True and is_placed(self.model):
+            raise TrainingSetupError(
+                "training.jit_compile: true compiles for one device; a pipeline's blocks sit "
+                "on several (use auto or false)"
+            )
         self._first_execution = True
         self._execute = self._compile_execution()
         self._evaluation = self._build_evaluation()

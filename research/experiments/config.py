@@ -140,15 +140,30 @@ class MeshShape(StrictModel):
         return self.batch * self.model
 
 
-class DistributionConfig(StrictModel):
-    """How training spreads over devices beyond data parallelism (``training.distribution``).
+class PipelineConfig(StrictModel):
+    """Consecutive Transformer blocks on consecutive devices; micro-batches are the
+    ``training.gradient_accumulation`` micro-batches."""
 
-    Without ``mesh`` the trainer replicates the model on every device it finds; with
+    stages: int = Field(ge=2, description="devices the blocks are split over")
+
+
+class DistributionConfig(StrictModel):
+    """How training spreads over devices beyond data parallelism (``distribution``).
+
+    Without either the trainer replicates the model on every device it finds; with
     ``mesh`` it shards the zoo Transformer's and GPT's weights over the mesh's ``model``
-    axis (DTensor) and splits each batch over its ``batch`` axis.
+    axis (DTensor) and splits each batch over its ``batch`` axis; with ``pipeline`` it
+    places the blocks in stages on consecutive devices.
     """
 
     mesh: MeshShape | None = None
+    pipeline: PipelineConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_way(self) -> DistributionConfig:
+        if self.mesh is not None and self.pipeline is not None:
+            raise ValueError("give mesh or pipeline, not both")
+        return self
 
 
 class ExperimentConfig(StrictModel):

@@ -38,6 +38,7 @@ from research.models.configs import ModelConfig, without_recompute
 from research.models.endpoints import compile_args
 from research.models.gpt import next_token_pairs
 from research.models.interface import conform_model
+from research.models.placement import is_placed
 from research.models.recompute import has_recomputation
 from research.models.registry import build_model
 from research.models.specs import HeadSpec, InputSpec
@@ -124,12 +125,12 @@ class ExperimentTask:
 
     def serving_model(self, trained: keras.Model) -> keras.Model:
         """What is published of ``trained``: the model itself, or, when the zoo built its
-        blocks recomputed or its weights sharded over a device mesh, the plain
-        architecture on one device holding the same weights, so that the artifact, the
-        gateway and compression (which rewrites each Dense) never meet a way of taking
-        gradients or a mesh."""
+        blocks recomputed or in pipeline stages, or its weights sharded over a device
+        mesh, the plain architecture on one device holding the same weights, so that the
+        artifact, the gateway and compression (which rewrites each Dense) never meet a
+        way of taking gradients, a mesh or a training machine's devices."""
         on_mesh = trained_on_mesh(trained)
-        if not (on_mesh or has_recomputation(trained)):
+        if not (on_mesh or has_recomputation(trained) or is_placed(trained)):
             return trained
         if self.model_fn is not None:
             if not on_mesh:

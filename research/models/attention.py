@@ -7,35 +7,54 @@ compression tools can wrap each Dense for pruning and quantization-aware trainin
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import tensorflow as tf
 import tf_keras as keras
 
 from research.models.configs import TransformerShape
 from research.models.moe import MixtureOfExperts
+from research.models.placement import OnDevice, stage_device
 from research.models.recompute import Recomputed
 
 
 def block_stack(x: Any, mask: Any, shape: TransformerShape, prefix: str) -> Any:
-    """``shape.num_layers`` self-attention blocks over ``x`` under ``mask``."""
-    add_block = _recomputed_block if shape.recompute else _block
+    """``shape.num_layers`` self-attention blocks over ``x`` under ``mask`` (each on its
+    pipeline stage's device inside ``research.models.placement.pipeline_stages``)."""
     for index in range(shape.num_layers):
-        x = add_block(x, mask, shape, f"{prefix}_block{index}")
+        name = f"{prefix}_block{index}"
+        device = stage_device(index, shape.num_layers)
+        if device is None and not shape.recompute:
+            x = _block(x, mask, shape, name)
+            continue
+        with tf.device(device) if device else contextlib.nullcontext():
+            block = _block_model(x, mask, shape, name)
+        if shape.recompute:
+            block = Recomputed(block, name=f"{name}_recomputed")
+        if device:
+            block = OnDevice(block, device, name=f"{name}_on_{_device_label(device)}")
+        x = block([x, mask])
     if shape.norm == "pre":
         x = keras.layers.LayerNormalization(epsilon=1e-6, name=f"{prefix}_final_norm")(x)
     return x
 
 
-def _recomputed_block(x: Any, mask: Any, shape: TransformerShape, name: str) -> Any:
-    """The block as a model of its own, whose activations are recomputed when training.
+def _block_model(x: Any, mask: Any, shape: TransformerShape, name: str) -> keras.Model:
+    """The block as a model of its own, to be recomputed or placed as a whole.
 
     Its layers are the plain block's, with the same names, so only the path to them
-    changes (``<name>_recomputed`` holds the ``<name>`` model).
+    changes (``<name>_recomputed`` holds the ``<name>`` model, say).
     """
     block_x = keras.Input(shape=x.shape[1:], dtype=x.dtype, name=f"{name}_x")
     block_mask = keras.Input(shape=mask.shape[1:], dtype=mask.dtype, name=f"{name}_mask")
-    block = keras.Model([block_x, block_mask], _block(block_x, block_mask, shape, name), name=name)
-    return Recomputed(block, name=f"{name}_recomputed")([x, mask])
+    return keras.Model([block_x, block_mask], _block(block_x, block_mask, shape, name), name=name)
+
+
+def _device_label(device: str) -> str:
+    """``/device:CPU:1`` as ``cpu1``, for a layer name."""
+    spec = tf.DeviceSpec.from_string(device)
+    return f"{(spec.device_type or 'device').lower()}{spec.device_index or 0}"
 
 
 def _block(x: Any, mask: Any, shape: TransformerShape, name: str) -> Any:

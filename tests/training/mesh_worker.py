@@ -1,10 +1,11 @@
-"""One training process on several logical CPU devices, for the DTensor mesh tests.
+"""One training process on several logical CPU devices, for the mesh and pipeline tests.
 
     python -m tests.training.mesh_worker EXPERIMENT OUT --devices N --mode curve|run
         [--updates K] [--stop-at S] [--until U]
 
 ``curve`` makes K updates one at a time and writes ``OUT/report.json`` with the loss of
-each, and, for every weight on a mesh, the shape each device holds (with
+each, every weight's device and, for every weight on a mesh, the shape each device
+holds (with
 ``--poison-after P`` a weight turns NaN before update P, whose weights it saves in
 ``OUT/poisoned.npz``); ``run`` trains under
 the Controller (checkpoints, resume), stopping at step S and resuming in a new trainer
@@ -81,6 +82,7 @@ def main() -> None:
             report["losses"].append(trainer.train(1, stop_requested=False).loss)
         report["skipped_updates"] = trainer.skipped_updates
         report["consecutive_nonfinite"] = trainer.consecutive_nonfinite
+        report["devices"] = {weight.name: weight.device for weight in trainer.model.weights}
         report["local_shapes"] = {
             weight.name: local_shapes(weight)
             for weight in trainer.model.weights

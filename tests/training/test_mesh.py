@@ -1,6 +1,7 @@
-"""Tensor parallelism on DTensor meshes of logical CPU devices: the one-device loss
-curve, weights split Megatron-style, bit-exact resume, checkpoints that restore into
-other meshes, and a published model that is the plain one."""
+"""Tensor parallelism on DTensor meshes of logical CPU devices, and pipeline stages: the
+one-device loss curve, weights split Megatron-style or placed by stage, bit-exact
+resume, checkpoints that restore into other meshes, and a published model that is the
+plain one."""
 
 from __future__ import annotations
 
@@ -237,3 +238,27 @@ def test_an_update_that_is_not_finite_is_skipped_on_a_mesh(tmp_path: Path, corpu
     with np.load(tmp_path / "out" / "poisoned.npz") as poisoned:
         # Nothing was applied after the poison: every weight is as it was then.
         assert_same_weights(report["weights"], {name: poisoned[name] for name in poisoned.files})
+
+
+def test_a_pipeline_places_its_stages_and_makes_the_one_device_updates(
+    tmp_path: Path, corpus: Path
+) -> None:
+    micro_batches = {"training__gradient_accumulation": 4}
+    alone = run_worker(
+        experiment(tmp_path / "one", corpus, None, **micro_batches), tmp_path / "one-out", 1,
+        "--mode", "curve",
+    )  # fmt: skip
+    staged = run_worker(
+        experiment(
+            tmp_path / "staged", corpus, None, distribution={"pipeline": {"stages": 2}},
+            **micro_batches,
+        ),
+        tmp_path / "staged-out", 2, "--mode", "curve",
+    )  # fmt: skip
+    assert staged["trainer"] == "Trainer"
+    np.testing.assert_allclose(staged["losses"], alone["losses"], rtol=1e-4)
+    assert_same_weights(staged["weights"], alone["weights"], rtol=1e-3, atol=1e-3)
+    devices = staged["devices"]
+    for block, device in (("decoder_block0", "CPU:0"), ("decoder_block1", "CPU:1")):
+        placed = {name: where for name, where in devices.items() if name.startswith(block)}
+        assert placed and all(where.endswith(device) for where in placed.values()), placed

@@ -1,19 +1,23 @@
-"""What training on a mesh refuses, before anything is built, and how it names it."""
+"""What training on a mesh or in pipeline stages refuses, and how it names it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import tensorflow as tf
 
+from contracts.yaml_config import ConfigError
 from research.experiments import load_experiment
 from research.experiments.config import MeshShape
 from research.experiments.task import ExperimentTask
+from research.models.placement import pipeline_stages
 from tests.training.experiments import build_corpus_dataset, write_experiment
 from training.distribution import WorkerRole
 from training.errors import TrainingSetupError
 from training.mesh import local_mesh
 from training.mesh_trainer import check_mesh_setup
+from training.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
@@ -21,14 +25,14 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_corpus_dataset(tmp_path_factory.mktemp("corpus"), 200, seed=3)
 
 
-def task(tmp_path: Path, corpus: Path, mesh: dict, **overrides) -> ExperimentTask:
+def task(tmp_path: Path, corpus: Path, mesh: dict | None, **overrides) -> ExperimentTask:
     settings = {
         "data__features": ["text"],
         "data__sequence_length": 16,
         "data__batch_size": 8,
         "heads": {"next_token": {"kind": "language_model"}},
         "model": {"type": "gpt", "num_layers": 1, "d_model": 16, "num_heads": 4, "ff_dim": 32},
-        "distribution": {"mesh": mesh},
+        "distribution": {"mesh": mesh} if mesh is not None else {},
         **overrides,
     }
     return ExperimentTask(load_experiment(write_experiment(tmp_path, corpus, **settings)))
@@ -100,3 +104,21 @@ def test_the_mesh_is_not_part_of_what_a_run_was_trained_by(tmp_path: Path, corpu
     assert on_mesh.config_hash() == elsewhere.config_hash()
     wider = task(tmp_path / "c", corpus, {"model": 4}, data__batch_size=16).config
     assert wider.config_hash() != elsewhere.config_hash()
+
+
+def test_mesh_and_pipeline_are_one_or_the_other(tmp_path: Path, corpus: Path) -> None:
+    with pytest.raises(ConfigError, match="give mesh or pipeline, not both"):
+        task(tmp_path, corpus, {"model": 2}, distribution__pipeline={"stages": 2})
+
+
+def test_a_pipeline_refuses_to_compile_its_stages_for_one_device(
+    tmp_path: Path, corpus: Path
+) -> None:
+    experiment = task(
+        tmp_path, corpus, None, training__jit_compile=True, training__precision="float32"
+    )
+    with (
+        pipeline_stages(["/device:CPU:0", "/device:CPU:0"]),
+        pytest.raises(TrainingSetupError, match="a pipeline's blocks sit on several"),
+    ):
+        Trainer(experiment, tf.distribute.get_strategy(), WorkerRole(0, 1))
