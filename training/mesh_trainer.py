@@ -46,7 +46,6 @@ from training.trainer import (
     TrainerState,
     configure_determinism,
     per_example_losses,
-    weighted_example_losses,
 )
 from training.verification import verify_training_shards
 
@@ -221,13 +220,7 @@ class MeshTrainer(TrainerState):
     def _update_on_mesh(self, features: Any, labels: Any) -> tuple[tf.Tensor, tf.Tensor]:
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
-            outputs = self.model(features, training=True)
-            example_losses = weighted_example_losses(
-                self._losses, self._loss_weights, labels, outputs
-            )
-            loss = tf.reduce_sum(example_losses) / float(self.global_update_batch)
-            if self.model.losses:
-                loss += tf.add_n(self.model.losses)
+            loss = self._part_loss(features, labels, parts=1)
         # Dense, and laid out as their variables are: a replicated weight used on a
         # split activation (a norm's scale on the split residual stream) gets a split
         # gradient, which its update must not take for the whole.

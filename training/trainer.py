@@ -225,6 +225,9 @@ class TrainerState:
 
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
+    global_update_batch: int
+    _losses: dict[str, keras.losses.Loss]
+    _loss_weights: dict[str, float]
     input_position: tf.Variable
     lr_scale: tf.Variable
     _consecutive_nonfinite: tf.Variable
@@ -258,6 +261,17 @@ class TrainerState:
     def forget_nonfinite(self) -> None:
         """Start counting non-finite updates in a row afresh (after a restore)."""
         self._consecutive_nonfinite.assign(tf.zeros_like(self._consecutive_nonfinite))
+
+    def _part_loss(self, features: Any, labels: Any, parts: int) -> tf.Tensor:
+        """The update's loss from one of its ``parts`` (replicas x micro-batches): the
+        part's examples' losses over the global batch, plus the model's own losses (a
+        mixture of experts' balance) shared among the parts, so the parts sum to it."""
+        outputs = self.model(features, training=True)
+        example_losses = weighted_example_losses(self._losses, self._loss_weights, labels, outputs)
+        loss = tf.reduce_sum(example_losses) / float(self.global_update_batch)
+        if self.model.losses:
+            loss += tf.add_n(self.model.losses) / float(parts)
+        return loss
 
 
 class Trainer(TrainerState):
@@ -441,14 +455,8 @@ class Trainer(TrainerState):
     # -- replica functions -------------------------------------------------------------
     def _gradients(self, features: Any, labels: Any) -> tuple[list[tf.Tensor], tf.Tensor]:
         with tf.GradientTape() as tape:
-            outputs = self.model(features, training=True)
-            example_losses = weighted_example_losses(
-                self._losses, self._loss_weights, labels, outputs
-            )
-            loss = tf.reduce_sum(example_losses) / float(self.global_update_batch)
-            if self.model.losses:
-                replicas = self.strategy.num_replicas_in_sync
-                loss += tf.add_n(self.model.losses) / float(replicas * self.accumulation)
+            parts = self.strategy.num_replicas_in_sync * self.accumulation
+            loss = self._part_loss(features, labels, parts)
             scaled = self.optimizer.get_scaled_loss(loss) if self.loss_scaling else loss
         variables = self.model.trainable_variables
         gradients = tape.gradient(scaled, variables)

@@ -81,13 +81,15 @@ def test_the_balance_loss_is_one_when_even_and_grows_when_collapsed() -> None:
 
 
 def test_training_spreads_a_collapsed_router_over_every_expert() -> None:
+    # Initial weights as the trainer draws them, whatever ran before in this process.
+    keras.backend.experimental.enable_tf_random_generator()
     keras.utils.set_random_seed(0)
     config = {"type": "gpt", "num_layers": 1, "d_model": 16, "num_heads": 2, "ff_dim": 32}
     config |= {"dropout": 0.0, "experts": {"num_experts": 4, "aux_loss_weight": 0.1}}
     inputs = {"tokens": {"kind": "tokens", "shape": [LENGTH], "vocab_size": VOCAB}}
     model = build_model(config, inputs, {"next_token": HeadSpec(kind="language_model")})
     layer = model.get_layer("decoder_block0_experts")
-    layer.router_bias.assign([4.0, 0.0, 0.0, 0.0])  # a router that sends nearly all to one
+    layer.router_bias.assign([8.0, 0.0, 0.0, 0.0])  # a router that sends every token to one
     ids = tf.constant(np.random.default_rng(2).integers(1, VOCAB, size=(16, LENGTH + 1)))
     optimizer = keras.optimizers.Adam(0.01)
     layer_input = keras.Model(model.inputs, layer.input)
@@ -108,9 +110,10 @@ def test_training_spreads_a_collapsed_router_over_every_expert() -> None:
         combine, _ = layer.route(layer_input({"tokens": ids[:, :-1]}))
         return (combine.numpy().sum(axis=-1) > 0).sum(axis=(0, 1))
 
-    assert (tokens_per_expert() == 0).sum() >= 2  # collapsed: some experts get nothing
+    assert (tokens_per_expert()[1:] == 0).all()  # collapsed: the others get nothing
     balance = [float(step()) for _ in range(150)]
-    assert np.mean(balance[-10:]) < np.mean(balance[:10]) - 0.5
+    assert np.mean(balance[:10]) > 3.0  # near the most it can be, num_experts = 4
+    assert np.mean(balance[-10:]) < 1.2  # near even, 1
     assert (tokens_per_expert() > 0).all()
 
 
