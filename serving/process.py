@@ -17,7 +17,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-START_TIMEOUT_S = 45.0
+# Loading TensorFlow and warming every model up takes seconds on a quiet machine and
+# much longer on a busy one; the bound is for a gateway that hangs.
+START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 
 
