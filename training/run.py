@@ -4,7 +4,6 @@ A researcher's script::
 
     from research.experiments import load_experiment
     from research.experiments.task import ExperimentTask
-from research.models.placement import pipeline_stages
     from training.run import train
 
     if __name__ == "__main__":
