@@ -4,7 +4,7 @@ tensors between the host and the mesh.
 With ``distribution: {mesh: {batch: B, model: M}}`` the local devices (GPUs, else the
 logical CPU devices a process configured) form a ``B x M`` mesh. Each batch is split
 over ``batch``; each Transformer block's weights are split over ``model`` as Megatron-LM
-does, so that a block needs two all-reduces and no weight is whole on any device:
+does, so that a block needs two all-reduces and no split weight is whole on any device:
 
 - attention: the query, key and value projections by heads (their kernels are
   ``(d_model, heads, head_dim)``), the output projection by heads too (``(heads,

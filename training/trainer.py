@@ -332,8 +332,9 @@ class Trainer(TrainerState):
         self._losses = per_example_losses(task.build_losses())
         self._loss_weights = task.loss_weights
         self._jit_compile = training.jit_compile
-        self.jit_compiled = training.jit_compile is not False and not is_placed(self.model)
-        if training.jit_compile is True and is_placed(self.model):
+        placed = is_placed(self.model)
+        self.jit_compiled = training.jit_compile is not False and not placed
+        if training.jit_compile is True and placed:
             raise TrainingSetupError(
                 "training.jit_compile: true compiles for one device; a pipeline's blocks sit "
                 "on several (use auto or false)"
@@ -343,7 +344,7 @@ class Trainer(TrainerState):
         self._evaluation = self._build_evaluation()
         self._evaluate_batch = self._compile_evaluation()  # traced once per run
 
-    # -- state the Controller reads, keeps and repairs ------------------------------------
+    # -- the input ---------------------------------------------------------------------
     def seek_input(self) -> None:
         """Read the input from ``input_position`` on (after restoring it)."""
         self.iterator = self.input_iterator(int(self.input_position.numpy()))
