@@ -77,7 +77,7 @@ def build_optimizer(
     loss_scaling: bool,
     mesh: Any = None,
 ) -> tuple[keras.optimizers.Optimizer, WarmupDecay]:
-    """AdamW with the experiment's schedule (returned too, for logging); with
+    """AdamW or SGD with the experiment's schedule (returned too, for logging); with
     ``loss_scaling`` (float16) wrapped in a dynamic loss-scale optimizer.
 
     ``optimizer.clip_global_norm`` is left to the trainer, which computes the gradients'
@@ -100,14 +100,19 @@ def build_optimizer(
         schedule.final_learning_rate_ratio,
         scale=lr_scale,
     )
-    inner = keras.optimizers.AdamW(
-        learning_rate=rate,
-        weight_decay=optimizer.weight_decay,
-        beta_1=optimizer.beta_1,
-        beta_2=optimizer.beta_2,
-        epsilon=optimizer.epsilon,
+    common = {
+        "learning_rate": rate,
+        "weight_decay": optimizer.weight_decay,
         **({"mesh": mesh} if mesh is not None else {}),
-    )
+    }
+    if optimizer.type == "sgd":
+        inner = keras.optimizers.SGD(
+            momentum=optimizer.momentum, nesterov=optimizer.nesterov, **common
+        )
+    else:
+        inner = keras.optimizers.AdamW(
+            beta_1=optimizer.beta_1, beta_2=optimizer.beta_2, epsilon=optimizer.epsilon, **common
+        )
     if loss_scaling:
         return keras.mixed_precision.LossScaleOptimizer(inner), rate
     return inner, rate

@@ -68,12 +68,18 @@ class DataConfig(StrictModel):
 
 
 class OptimizerConfig(StrictModel):
-    type: Literal["adamw"] = "adamw"
+    type: Literal["adamw", "sgd"] = Field(
+        default="adamw",
+        description="sgd (with momentum) for linear models over sparse features: Adam's "
+        "per-weight steps give rare features' weights as much room as common ones'",
+    )
     learning_rate: TrainingFloat = Field(default=1e-3, gt=0)
     weight_decay: TrainingFloat = Field(default=1e-4, ge=0)
-    beta_1: float = Field(default=0.9, gt=0, lt=1)
-    beta_2: float = Field(default=0.999, gt=0, lt=1)
-    epsilon: TrainingFloat = Field(default=1e-7, gt=0)
+    beta_1: float = Field(default=0.9, gt=0, lt=1, description="adamw only")
+    beta_2: float = Field(default=0.999, gt=0, lt=1, description="adamw only")
+    epsilon: TrainingFloat = Field(default=1e-7, gt=0, description="adamw only")
+    momentum: float = Field(default=0.9, ge=0, lt=1, description="sgd only")
+    nesterov: bool = Field(default=False, description="sgd only")
     clip_global_norm: TrainingFloat | None = Field(default=1.0, gt=0)
 
 

@@ -1,4 +1,5 @@
-"""Precision choice, the learning-rate schedule and the worker's place in a cluster."""
+"""Precision choice, the optimizer and its learning-rate schedule, and the worker's place
+in a cluster."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from research.experiments.config import OptimizerConfig, ScheduleConfig
 from training.distribution import WorkerRole, worker_role
-from training.optimization import WarmupDecay
+from training.optimization import WarmupDecay, build_optimizer
 from training.precision import cpu_flags, needs_loss_scaling, resolve_precision
 
 
@@ -67,3 +69,30 @@ def test_worker_role_from_tf_config():
     assert role == WorkerRole(2, 3) and not role.is_chief
     chief = {"cluster": {"chief": ["a:1"], "worker": ["b:2"]}, "task": {"type": "chief"}}
     assert worker_role({"TF_CONFIG": json.dumps(chief)}).is_chief
+
+
+@pytest.mark.parametrize(
+    ("config", "kind", "settings"),
+    [
+        ({}, "AdamW", {"beta_1": 0.9, "weight_decay": 1e-4}),
+        (
+            {"type": "sgd", "momentum": 0.8, "nesterov": True, "weight_decay": 0.0},
+            "SGD",
+            {"momentum": 0.8, "nesterov": True, "weight_decay": 0.0},
+        ),
+    ],
+)
+def test_the_optimizer_is_the_one_the_experiment_names_on_its_schedule(config, kind, settings):
+    scale = tf.Variable(1.0)
+    optimizer, schedule = build_optimizer(
+        OptimizerConfig(learning_rate=0.5, **config),
+        ScheduleConfig(decay="constant"),
+        total_steps=10,
+        lr_scale=scale,
+        loss_scaling=False,
+    )
+    assert type(optimizer).__name__ == kind
+    applied = optimizer.get_config()
+    for name, value in settings.items():
+        assert applied[name] == pytest.approx(value)
+    assert float(schedule(3)) == pytest.approx(0.5)
