@@ -13,7 +13,8 @@ Encoding, per feature type:
   manifest's ``vocabulary`` (out-of-vocabulary values get id ``len(vocabulary)``).
 - text: ``bytes_list`` with the UTF-8 text. Readers turn it into token ids with the
   sentencepiece model the spec names (``tokenizer_file``), in the graph, so a served
-  model tokenizes exactly as training did.
+  model tokenizes exactly as training did; or, for a feature with a ``words_file``,
+  into a TF-IDF bag of the word n-grams that file lists.
 - image: ``bytes_list`` with a PNG of exactly ``height`` x ``width`` x ``channels``.
 """
 
@@ -47,6 +48,9 @@ class FeatureSpec:
     tokenizer_file: str | None = None  # text: the sentencepiece model, dataset-relative
     tokenizer_sha256: str | None = None  # text: of tokenizer_file, checked before it is used
     vocab_size: int | None = None  # text: number of token ids (ids are 0..vocab_size-1)
+    words_file: str | None = None  # text read as a bag of words: its terms, dataset-relative
+    words_sha256: str | None = None  # of words_file, checked before it is used
+    words_size: int | None = None  # number of terms in words_file: the bag's width
     is_label: bool = False
     source_name: str | None = None  # the source column, when named otherwise (`mean radius`)
     clip: tuple[float, float] | None = None  # numeric: bounds a model clips values to
@@ -81,6 +85,9 @@ class FeatureSpec:
             tokenizer_file=data.get("tokenizer_file"),
             tokenizer_sha256=data.get("tokenizer_sha256"),
             vocab_size=data.get("vocab_size"),
+            words_file=data.get("words_file"),
+            words_sha256=data.get("words_sha256"),
+            words_size=data.get("words_size"),
             is_label=bool(data.get("is_label", False)),
             source_name=data.get("source_name"),
             clip=tuple(data["clip"]) if data.get("clip") else None,
@@ -89,6 +96,12 @@ class FeatureSpec:
             collapse_whitespace=data.get("collapse_whitespace"),
             extra=dict(data.get("extra", {})),
         )
+
+    @property
+    def reads_words(self) -> bool:
+        """Whether a model reads this text feature as a TF-IDF bag of word n-grams
+        (``research.preprocessing.words``) rather than as subword ids."""
+        return self.words_file is not None
 
     @property
     def reshaped(self) -> bool:

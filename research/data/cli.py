@@ -143,7 +143,9 @@ def run_show(args: argparse.Namespace) -> int:
         details = {
             "numeric": f"{feature.dtype} shape {list(feature.shape)}",
             "categorical": f"{len(feature.vocabulary)} categories",
-            "text": f"vocabulary {feature.vocab_size or '-'} tokens",
+            "text": f"{feature.words_size} word terms (TF-IDF)"
+            if feature.reads_words
+            else f"vocabulary {feature.vocab_size or '-'} tokens",
             "image": f"{feature.height}x{feature.width}x{feature.channels}",
         }[feature.type]
         table.add_row(name + (" (label)" if feature.is_label else ""), feature.type, details)

@@ -16,7 +16,8 @@ clients send:
 - text -> ``int32`` token ids under the feature's own name, padded with ``PAD_ID`` and
   truncated to the sequence length, computed from the raw text by the dataset's
   sentencepiece model with ``research.preprocessing.text.SubwordTokenizer``, the layer
-  a serving graph runs too;
+  a serving graph runs too; a text read as words -> ``float32`` ``[words_size]``, its
+  TF-IDF bag (``research.preprocessing.words.WordBag``);
 - image -> ``float32`` in ``[0, 1]`` of shape ``(height, width, channels)`` (a missing
   image is all zeros).
 
@@ -187,7 +188,7 @@ def _sequence_lengths(
     return {
         name: sequence_length or default_sequence_length(manifest, name)
         for name, spec in specs.items()
-        if spec.type == "text"
+        if spec.type == "text" and not spec.reads_words
     }
 
 
@@ -215,6 +216,9 @@ def describe_inputs(dataset_dir: str | Path, sequence_length: int | None = None)
                     info["num_classes"] = len(spec.vocabulary)
                 else:
                     info["vocab_size"] = len(spec.vocabulary) + 1
+            elif spec.type == "text" and spec.reads_words:
+                info["shape"] = (spec.words_size,)
+                info["dtype"] = "float32"
             elif spec.type == "text":
                 info["shape"] = (lengths[name],)
                 info["dtype"] = "int32"
@@ -350,7 +354,7 @@ class _BatchDecoder:
         features = self._preprocessor({name: parsed[name] for name in self._preprocessor.layers})
         for name, spec in self._inputs.items():
             seed = _fold(batch_seed, _stable_id(name))
-            if spec.type == "text" and self._token_dropout:
+            if spec.type == "text" and not spec.reads_words and self._token_dropout:
                 features[name] = _drop_tokens(features[name], seed, self._token_dropout)
             elif spec.type == "image" and self._augment is not None:
                 features[name] = _augment_images(features[name], seed, self._augment)

@@ -14,6 +14,7 @@ replaced only when asked to (``overwrite``), by a rename.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -41,16 +42,17 @@ from research.data.runners import pipeline_options
 from research.data.schema import ConformToSchema, resolve_schema
 from research.data.shards import WriteShards, shard_file_name, write_shard
 from research.data.sources import ReadSources, check_sources
-from research.data.spec import DatasetSpec, FieldSchema
+from research.data.spec import DatasetSpec, FieldSchema, WordsSpec
 from research.data.split import SPLIT, AssignSplit
 from research.data.stats import ComputeStatistics, empty_statistics
 from research.data.tokenizer import (
     CountTokens,
     LearnTokenizers,
-    save_tokenizers,
+    save_field_files,
     tokenizer_path,
     vocab_size,
 )
+from research.data.words import LearnWordBags, words_fields, words_path
 
 _BUILD_DIR = "_build"
 
@@ -102,9 +104,11 @@ def required_fields(spec: DatasetSpec, schema: dict[str, FieldSchema]) -> list[s
 
 
 def vocab_fields(spec: DatasetSpec, schema: dict[str, FieldSchema]) -> list[str]:
+    """The text fields that get a sentencepiece model: those named, else every text field
+    that models do not read as a bag of words."""
     if spec.vocab.fields is not None:
         return list(spec.vocab.fields)
-    return [name for name, field in schema.items() if field.type == "text"]
+    return [name for name, field in schema.items() if field.type == "text" and not field.words]
 
 
 def training_split(spec: DatasetSpec) -> str:
@@ -164,11 +168,16 @@ def construct_pipeline(
     tagged = unique | "Split" >> AssignSplit(spec.split)
 
     text_fields = vocab_fields(spec, schema)
+    bag_fields = words_fields(schema)
     train_split = training_split(spec)
-    if text_fields:
+    if text_fields or bag_fields:
         training = tagged | "TrainingRecords" >> beam.Filter(lambda r: r[SPLIT] == train_split)
+    if bag_fields:
+        bags = training | "WordBags" >> LearnWordBags(bag_fields)
+        _ = bags | "SaveWordBags" >> save_field_files(staging, scratch, words_path)
+    if text_fields:
         models = training | "Tokenizers" >> LearnTokenizers(text_fields, spec.vocab)
-        _ = models | "SaveTokenizers" >> save_tokenizers(staging, scratch)
+        _ = models | "SaveTokenizers" >> save_field_files(staging, scratch)
         tagged = tagged | "CountTokens" >> CountTokens(text_fields, beam.pvalue.AsDict(models))
 
     (
@@ -229,32 +238,51 @@ def _finish_features(
     staging: str,
     categories: dict[str, list[str]],
     text_fields: list[str],
+    bag_fields: dict[str, WordsSpec],
     training_texts: dict[str, int],
 ) -> dict[str, FeatureSpec]:
-    """Features with their category vocabularies and tokenizers filled in.
+    """Features with their category vocabularies, tokenizers and word terms filled in.
 
     ``training_texts``: text field -> how many texts the training split holds.
     """
     from dataclasses import replace
 
+    def learned(name: str, relative: str, what: str, scarce: str | None = None) -> bytes:
+        """The file the build learned; ``scarce``: why there is none despite texts."""
+        path = filesystems.join(staging, *relative.split("/"))
+        if not filesystems.exists(path):
+            if not training_texts.get(name):
+                raise BuildRejectedError(
+                    f"text field {name!r}: the training split holds no text to learn its "
+                    f"{what} from"
+                )
+            if scarce:
+                raise BuildRejectedError(f"text field {name!r}: {scarce}")
+        return filesystems.read_bytes(require_side_file(path))
+
     finished = {}
     for name, feature in features.items():
         if feature.type == "categorical":
             feature = replace(feature, vocabulary=tuple(categories.get(name, ())))
-        elif name in text_fields:
-            relative = tokenizer_path(name)
-            path = filesystems.join(staging, *relative.split("/"))
-            if not filesystems.exists(path) and not training_texts.get(name):
-                raise BuildRejectedError(
-                    f"text field {name!r}: the training split holds no text to learn its "
-                    "tokenizer from"
-                )
-            model = filesystems.read_bytes(require_side_file(path))
+        if name in text_fields:
+            model = learned(name, tokenizer_path(name), "tokenizer")
             feature = replace(
                 feature,
-                tokenizer_file=relative,
+                tokenizer_file=tokenizer_path(name),
                 tokenizer_sha256=hashlib.sha256(model).hexdigest(),
                 vocab_size=vocab_size(model),
+            )
+        if name in bag_fields:
+            scarce = (
+                f"no term is in {bag_fields[name].min_documents} or more training texts "
+                "(words.min_documents)"
+            )
+            terms = learned(name, words_path(name), "word terms", scarce)
+            feature = replace(
+                feature,
+                words_file=words_path(name),
+                words_sha256=hashlib.sha256(terms).hexdigest(),
+                words_size=len(json.loads(terms)["terms"]),
             )
         finished[name] = feature
     return finished
@@ -308,6 +336,7 @@ def build_dataset(
                 staging,
                 categories,
                 vocab_fields(spec, schema),
+                words_fields(schema),
                 {name: (stats or {}).get("count", 0) for name, stats in train_stats.items()},
             )
             manifest = Manifest(

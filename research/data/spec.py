@@ -116,6 +116,19 @@ Source = Annotated[
 ]
 
 
+class WordsSpec(StrictModel):
+    """A text field read as a TF-IDF bag of word n-grams, whose terms the build learns
+    from the training split: for few texts a linear model over it beats a sequence model."""
+
+    ngrams: int = Field(default=2, ge=1, le=3, description="longest run of words a term is")
+    min_documents: int = Field(
+        default=2, ge=1, description="training texts a term must occur in to be kept"
+    )
+    max_terms: int = Field(
+        default=20_000, ge=1, description="most terms kept, those in the most texts first"
+    )
+
+
 class FieldSchema(StrictModel):
     """One field of a record, as declared in the spec or inferred from the sources."""
 
@@ -137,11 +150,18 @@ class FieldSchema(StrictModel):
         description="numeric only: log reads sign(x) * log(1 + |x|), after clip, for heavy "
         "tails (incomes, counts); the statistics a model standardizes with are of these values",
     )
+    words: WordsSpec | None = Field(
+        default=None,
+        description="text only: models read the field as a TF-IDF bag of word n-grams "
+        "learned from the training split, instead of subword ids",
+    )
 
     @model_validator(mode="after")
     def _check_kind_specific(self) -> FieldSchema:
         if self.type != "numeric" and (self.clip is not None or self.transform is not None):
             raise ValueError("clip and transform apply to numeric fields only")
+        if self.type != "text" and self.words is not None:
+            raise ValueError("words applies to text fields only")
         if self.clip is not None and not (
             math.isfinite(self.clip[0])
             and math.isfinite(self.clip[1])
@@ -164,7 +184,9 @@ class LengthBounds(StrictModel):
 
 class PiiSpec(StrictModel):
     enabled: bool = Field(default=True, description="mask personal data in text fields")
-    fields: list[str] | None = Field(default=None, description="default: every text field")
+    fields: list[str] | None = Field(
+        default=None, description="default: every text field not read as words"
+    )
     kinds: list[PiiKind] = Field(
         default_factory=lambda: list(PII_KINDS), description="what is masked"
     )
@@ -253,7 +275,9 @@ class SplitSpec(StrictModel):
 class VocabSpec(StrictModel):
     """A sentencepiece model per text field, learned from the training split."""
 
-    fields: list[str] | None = Field(default=None, description="default: every text field")
+    fields: list[str] | None = Field(
+        default=None, description="default: every text field not read as words"
+    )
     size: int = Field(
         default=8000,
         ge=16,

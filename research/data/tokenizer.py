@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -168,7 +168,7 @@ class LearnTokenizers(beam.PTransform):
     def expand(self, records: beam.PCollection) -> beam.PCollection:
         per_field = [
             records
-            | f"Texts[{field}]" >> beam.FlatMap(_texts, field=field)
+            | f"Texts[{field}]" >> beam.FlatMap(field_texts, field=field)
             | f"Sample[{field}]"
             >> beam.CombineGlobally(
                 ContentSample(self._spec.input_sentence_size, self._spec.input_characters)
@@ -186,20 +186,23 @@ def _learn(texts: list[str], spec: VocabSpec, field: str) -> Iterable[tuple[str,
         yield field, train_tokenizer(texts, spec, field)
 
 
-def _texts(record: Record, field: str) -> Iterable[str]:
+def field_texts(record: Record, field: str) -> Iterable[str]:
+    """The record's text in ``field``, unless it has none."""
     value = record.get(field)
     if value is not None and value != "":
         yield value if isinstance(value, str) else str(value)
 
 
-def save_tokenizers(root: str, temp_dir: str) -> beam.PTransform:
-    """``(field, model bytes)`` -> the field's ``tokenizer_path`` under the dataset ``root``,
-    each written atomically."""
+def save_field_files(
+    root: str, temp_dir: str, relative_path: Callable[[str], str] = tokenizer_path
+) -> beam.PTransform:
+    """``(field, file bytes)`` -> the file at ``relative_path(field)`` under the dataset
+    ``root`` (default: the field's tokenizer), each written atomically."""
 
     def save(item: tuple[str, bytes]) -> str:
-        field, model = item
-        path = filesystems.join(root, *tokenizer_path(field).split("/"))
-        filesystems.write_bytes(path, model, temp_dir)
+        field, content = item
+        path = filesystems.join(root, *relative_path(field).split("/"))
+        filesystems.write_bytes(path, content, temp_dir)
         return path
 
     return beam.Map(save)

@@ -195,9 +195,14 @@ def _check_manifest(root: str, manifest: Manifest) -> Iterator[Problem]:
         issue = _feature_spec_issue(spec)
         if issue:
             yield Problem("error", "manifest.features", f"{where}: feature {name!r}: {issue}")
-        issue = _tokenizer_issue(root, spec)
-        if issue:
-            yield Problem("error", "tokenizer", f"{where}: feature {name!r}: {issue}")
+        side_files = (
+            ("tokenizer", spec.tokenizer_file, spec.tokenizer_sha256),
+            ("word terms", spec.words_file, spec.words_sha256),
+        )
+        for what, relative, sha256 in side_files:
+            issue = _side_file_issue(root, what, relative, sha256)
+            if issue:
+                yield Problem("error", "tokenizer", f"{where}: feature {name!r}: {issue}")
     for label in manifest.labels:
         if label not in manifest.features:
             yield Problem("error", "manifest.labels", f"{where}: label {label!r} is not a feature")
@@ -226,18 +231,19 @@ def _check_manifest(root: str, manifest: Manifest) -> Iterator[Problem]:
             )
 
 
-def _tokenizer_issue(root: str, spec: FeatureSpec) -> str | None:
-    """What keeps a text feature's sentencepiece model from being used, if anything."""
-    if not spec.tokenizer_file:
+def _side_file_issue(root: str, what: str, relative: str | None, sha256: str | None) -> str | None:
+    """What keeps a text feature's learned file (sentencepiece model, word terms) from
+    being used, if anything."""
+    if not relative:
         return None
-    if not _inside(spec.tokenizer_file):
-        return f"tokenizer file {spec.tokenizer_file} leaves the dataset directory"
+    if not _inside(relative):
+        return f"{what} file {relative} leaves the dataset directory"
     try:
-        model = filesystems.read_bytes(filesystems.join(root, spec.tokenizer_file))
+        content = filesystems.read_bytes(filesystems.join(root, relative))
     except OSError:
-        return f"tokenizer file {spec.tokenizer_file} is missing"
-    if spec.tokenizer_sha256 and hashlib.sha256(model).hexdigest() != spec.tokenizer_sha256:
-        return f"tokenizer file {spec.tokenizer_file} does not match its SHA-256"
+        return f"{what} file {relative} is missing"
+    if sha256 and hashlib.sha256(content).hexdigest() != sha256:
+        return f"{what} file {relative} does not match its SHA-256"
     return None
 
 

@@ -143,12 +143,14 @@ def input_spec_from_feature(
 
     Categorical ids run to ``len(vocabulary)`` inclusive (the out-of-vocabulary id), and a
     text feature arrives as its token ids padded to ``sequence_length`` (``None``: ragged
-    batches padded per batch).
+    batches padded per batch), or, read as words, as a numeric vector: its TF-IDF bag.
     """
     if feature.type == "numeric":
         return InputSpec(kind="numeric", shape=feature.shape)
     if feature.type == "categorical":
         return InputSpec(kind="categorical", vocab_size=len(feature.vocabulary) + 1)
+    if feature.type == "text" and feature.reads_words:
+        return InputSpec(kind="numeric", shape=(feature.words_size,))
     if feature.type == "text":
         if feature.vocab_size is None:
             raise ValueError(f"text feature {feature.name!r} has no vocab_size in the manifest")

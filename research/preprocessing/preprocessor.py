@@ -7,8 +7,9 @@ with the same constants (statistics, vocabularies) taken from the same manifest.
 Raw form, per feature type (what a client sends under the feature's dataset name):
 - numeric: float32 values of the feature's shape -> standardized float32;
 - categorical: the category string -> int64 id (0 for a value never seen in training);
-- text: the text -> int32 token ids of the dataset's sentencepiece model, padded;
-  both strings cleaned first as the build cleaned them (Unicode form, whitespace);
+- text: the text -> int32 token ids of the dataset's sentencepiece model, padded, or,
+  for a field read as words, the float32 TF-IDF bag of its word n-grams; category and
+  text strings are cleaned first as the build cleaned them (Unicode form, whitespace);
 - image: the encoded file (PNG, JPEG, ...) -> float32 pixels in [0, 1].
 """
 
@@ -29,6 +30,7 @@ from research.preprocessing.image import ImageDecoder, image_decoder
 from research.preprocessing.numeric import standardizer
 from research.preprocessing.strings import StringCleaner, string_cleaner
 from research.preprocessing.text import tokenizer_for
+from research.preprocessing.words import word_bag_for
 
 TRAIN_SPLIT = "train"
 
@@ -76,8 +78,10 @@ _BUILDERS: dict[str, Builder] = {
         feature, feature_statistics(context.manifest, feature.name)
     ),
     "categorical": lambda feature, context: category_lookup(feature),
-    "text": lambda feature, context: tokenizer_for(
-        context.directory, feature, context.sequence_lengths.get(feature.name)
+    "text": lambda feature, context: (
+        word_bag_for(context.directory, feature)
+        if feature.reads_words
+        else tokenizer_for(context.directory, feature, context.sequence_lengths.get(feature.name))
     ),
     "image": lambda feature, context: image_decoder(feature),
 }

@@ -12,7 +12,7 @@ import tensorflow as tf
 from research.data import filesystems
 from research.data.shards import write_shard
 from research.data.spec import VocabSpec
-from research.data.tokenizer import save_tokenizers, train_tokenizer
+from research.data.tokenizer import save_field_files, train_tokenizer
 from tests.research.memory_filesystem import MemoryFileSystem
 
 
@@ -88,7 +88,7 @@ def test_a_tokenizer_model_saves_to_a_uri(bucket: dict[str, bytes]) -> None:
         _ = (
             pipeline
             | beam.Create([("text", model)])
-            | save_tokenizers("memtest://bucket/ds", "memtest://bucket/ds/_build/tmp")
+            | save_field_files("memtest://bucket/ds", "memtest://bucket/ds/_build/tmp")
         )
     assert list(bucket) == ["memtest://bucket/ds/tokenizers/text.model"]
     assert filesystems.read_bytes("memtest://bucket/ds/tokenizers/text.model") == model

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +27,12 @@ from tensorflow_serving.apis import (
 
 from contracts.features import FeatureSpec
 from research.data.input_pipeline import make_dataset
-from research.data.spec import VocabSpec
+from research.data.spec import VocabSpec, WordsSpec
 from research.data.tokenizer import train_tokenizer
+from research.data.words import word_bag_file, words_path
 from research.experiments.config import ExperimentConfig
 from research.experiments.task import ExperimentTask
+from research.preprocessing.words import text_terms
 from tests.research.test_input_pipeline import png, write_dataset
 from tests.serving.gateway_process import GatewayThread
 from training.publish import publish_model
@@ -101,6 +104,20 @@ def text_features(root: Path) -> list[FeatureSpec]:
     ]
 
 
+def word_features(root: Path) -> list[FeatureSpec]:
+    """A text feature read as a TF-IDF bag of the words and word pairs of ``TEXTS``."""
+    spec = WordsSpec(ngrams=2, min_documents=1)
+    frequencies = Counter(term for row in text_terms(TEXTS, 2).to_list() for term in set(row))
+    terms = [(term.decode("utf-8"), df) for term, df in frequencies.items()]
+    path = root / words_path("text")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(word_bag_file(terms, len(TEXTS), spec))
+    return [
+        FeatureSpec("text", "text", words_file=words_path("text"), words_size=len(terms)),
+        FeatureSpec("species", "categorical", vocabulary=SPECIES, is_label=True),
+    ]
+
+
 TEXT_RECORDS = [{"text": text, "species": SPECIES[i % 3]} for i, text in enumerate(TEXTS)]
 TRANSFORMER = {"type": "transformer", "d_model": 8, "num_heads": 2, "num_layers": 1, "ff_dim": 16}
 
@@ -128,6 +145,8 @@ FAMILIES = {
                         "head_hidden_units": [4]}, ["species", "height"], TABULAR_STATISTICS),
     "transformer": Setup(text_features, TEXT_RECORDS, TRANSFORMER, ["species"],
                          data={"sequence_length": 12}),
+    "words": Setup(word_features, TEXT_RECORDS, {"type": "mlp", "hidden_units": []},
+                   ["species"]),  # an MLP over text read as a TF-IDF bag
     "gpt": Setup(text_features, TEXT_RECORDS, {**TRANSFORMER, "type": "gpt"}, [],
                  data={"sequence_length": 12}, heads={"next_token": {"kind": "language_model"}}),
 }  # fmt: skip
