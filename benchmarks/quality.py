@@ -9,7 +9,7 @@ scikit-learn model reaches on the same data? Four tasks, all from data installed
 - tabular, three classes: wine (``wine_mlp.yaml``), the same baseline;
 - images: the 8x8 digits (``digits_cnn.yaml``) against a standardized logistic
   regression on the 64 pixels;
-- text: the package of a standard-library docstring (``docstrings_transformer.yaml``)
+- text: the package of a standard-library docstring (``docstrings_words.yaml``)
   against TF-IDF (words and word pairs) and a linear SVM.
 
 Each dataset is built with its example spec, and each experiment is trained with
@@ -82,7 +82,7 @@ TASKS = (
     QualityTask(
         "docstrings",
         "docstrings.yaml",
-        "docstrings_transformer.yaml",
+        "docstrings_words.yaml",
         "tfidf_linear_svm",
         write_docstrings_jsonl,
     ),
