@@ -20,7 +20,8 @@ import tf_keras as keras
 from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import saved_model_pb2
 
-import research.models.layers  # noqa: F401  (registers the zoo's custom layers for deserialisation)
+import research.models.attention  # noqa: F401  (registers the Transformer blocks' token reshapes)
+import research.models.layers  # noqa: F401  (and the zoo's other custom layers, for deserialisation)
 import research.models.losses  # noqa: F401  (and its custom losses)
 import research.models.moe  # noqa: F401  (and the mixture-of-experts layer)
 from compression.errors import CompressionError

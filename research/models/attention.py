@@ -3,6 +3,14 @@
 Blocks are built from stock Keras layers (MultiHeadAttention, LayerNormalization,
 Dense, Dropout, Add) wired functionally rather than hidden in one custom layer, so the
 compression tools can wrap each Dense for pruning and quantization-aware training.
+
+The feed-forward Dense layers see tokens as rows of a matrix ([batch * tokens,
+features]) rather than sequences: a Dense over a sequence multiplies through
+``tf.tensordot``, which with a free batch size computes its reshapes from the runtime
+shape (SHAPE, GATHER, REDUCE_PROD, PACK ops), leaving every TFLite conversion with
+dynamically shaped tensors that LiteRT re-plans on each call and XNNPACK cannot take
+as one graph. Reshapes written with the static dimensions and ``-1`` for the batch have
+none of that, and compute the same.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from research.models.configs import TransformerShape
+from research.models.layers import NothingToPrune
 from research.models.moe import MixtureOfExperts
 from research.models.placement import OnDevice, stage_device
 from research.models.recompute import Recomputed
@@ -57,6 +66,24 @@ def _device_label(device: str) -> str:
     return f"{(spec.device_type or 'device').lower()}{spec.device_index or 0}"
 
 
+@keras.saving.register_keras_serializable(package="slipway")
+class TokenRows(NothingToPrune, keras.layers.Layer):
+    """[batch, tokens, features] -> [batch * tokens, features], for a Dense per token."""
+
+    def call(self, sequences: tf.Tensor) -> tf.Tensor:
+        return tf.reshape(sequences, [-1, sequences.shape[-1]])
+
+
+@keras.saving.register_keras_serializable(package="slipway")
+class TokenSequences(NothingToPrune, keras.layers.Layer):
+    """The rows of :class:`TokenRows` back as sequences as long as ``like``'s."""
+
+    def call(self, inputs: list[tf.Tensor]) -> tf.Tensor:
+        rows, like = inputs
+        tokens = like.shape[1] if like.shape[1] is not None else tf.shape(like)[1]
+        return tf.reshape(rows, [-1, tokens, rows.shape[-1]])
+
+
 def _block(x: Any, mask: Any, shape: TransformerShape, name: str) -> Any:
     attention = keras.layers.MultiHeadAttention(
         num_heads=shape.num_heads,
@@ -79,8 +106,10 @@ def _block(x: Any, mask: Any, shape: TransformerShape, name: str) -> Any:
                 aux_loss_weight=experts.aux_loss_weight,
                 name=f"{name}_experts",
             )(h)
-        h = keras.layers.Dense(shape.ff_dim, activation="gelu", name=f"{name}_ffn_in")(h)
-        return keras.layers.Dense(shape.d_model, name=f"{name}_ffn_out")(h)
+        rows = TokenRows(name=f"{name}_ffn_rows")(h)
+        rows = keras.layers.Dense(shape.ff_dim, activation="gelu", name=f"{name}_ffn_in")(rows)
+        rows = keras.layers.Dense(shape.d_model, name=f"{name}_ffn_out")(rows)
+        return TokenSequences(name=f"{name}_ffn_sequences")([rows, h])
 
     for part, sublayer in (("attention", attend), ("ffn", feed_forward)):
         norm = keras.layers.LayerNormalization(epsilon=1e-6, name=f"{name}_{part}_norm")

@@ -55,7 +55,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
         }
 
 
-class _NothingToPrune:
+class NothingToPrune:
     """Layers whose weights (if any) are too small or too special to prune."""
 
     def get_prunable_weights(self) -> list[tf.Variable]:
@@ -63,7 +63,7 @@ class _NothingToPrune:
 
 
 @keras.saving.register_keras_serializable(package="slipway")
-class PrependClsToken(_NothingToPrune, keras.layers.Layer):
+class PrependClsToken(NothingToPrune, keras.layers.Layer):
     """Put a learned [CLS] vector in front of every sequence, for [CLS] pooling."""
 
     def build(self, input_shape: tf.TensorShape) -> None:
@@ -79,7 +79,7 @@ class PrependClsToken(_NothingToPrune, keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="slipway")
-class AttentionMask(_NothingToPrune, keras.layers.Layer):
+class AttentionMask(NothingToPrune, keras.layers.Layer):
     """The ``(batch, query, key)`` boolean mask for MultiHeadAttention, from token ids.
 
     A key is visible when it is not padding; ``prefix_tokens`` leading positions that are
@@ -109,7 +109,7 @@ class AttentionMask(_NothingToPrune, keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="slipway")
-class SequencePooling(_NothingToPrune, keras.layers.Layer):
+class SequencePooling(NothingToPrune, keras.layers.Layer):
     """One vector per sequence: the mean over non-padding positions, or the [CLS] vector.
 
     ``mean`` needs the token ids (``ids=``) to know which positions are padding; an
