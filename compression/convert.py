@@ -80,6 +80,7 @@ def to_tflite(
     int16_activations: bool = False,
     float_tensors: Iterable[str] = (),
     float_ops: Iterable[str] = (),
+    per_tensor: bool = False,
 ) -> bytes:
     """Convert a Keras model (or a SavedModel directory) to a TFLite flatbuffer.
 
@@ -93,7 +94,9 @@ def to_tflite(
       falling back to float kernels for ops without a 16x8 one;
     - ``float_tensors`` (output tensor names) and ``float_ops`` (builtin op names) stay
       float in an otherwise int8 model: selective quantization through the
-      quantization debugger, whose deny lists are the converter's only way to say so.
+      quantization debugger, whose deny lists are the converter's only way to say so;
+    - ``per_tensor`` quantizes each weight tensor at one scale instead of one per output
+      channel (the selective path honours it too: the debugger reads the same flag).
     The flatbuffer's signature names are checked against the model's before returning.
     """
     float_tensors, float_ops = list(float_tensors), list(float_ops)
@@ -115,6 +118,7 @@ def to_tflite(
         converter.inference_output_type = tf.int8
     if float16:
         converter.target_spec.supported_types = [tf.float16]
+    converter._experimental_disable_per_channel = per_tensor  # the converter's only switch
     try:
         with warnings.catch_warnings():
             # The converter calibrates int8 with TensorFlow's own deprecated interpreter;

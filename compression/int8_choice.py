@@ -11,13 +11,20 @@ conversion on the *validation* split (the test split stays for the report):
 1. ``full``: every op int8;
 2. ``attention_float``: selective quantization keeping the attention score paths
    (scores, mask, softmax, the value product) float;
-3. ``attention_norm_float``: those and the layer norms' ops float;
+3. ``attention_norm_float``: those and the whole layer norms float (statistics and
+   scale-and-shift arithmetic, so no quantize/dequantize pair sits inside a norm);
 4. ``16x8``: int16 activations with int8 weights.
 
 Full int8 is kept when it passes the accuracy gate and is not slower than float32.
 Otherwise every scheme is measured and the fastest one passing the gate wins (none
-passing: the most accurate, which the report's gate then marks failed). The trials,
-their figures and the reason for the choice are recorded in the result's details.
+passing: the most accurate, which the report's gate then marks failed).
+
+Weights are quantized per output channel by default, at a scale and an int64 zero
+point per channel. The chosen scheme is then converted once more with one scale per
+weight tensor, and that conversion is kept when it passes the gate too: it runs the
+same ops and, in a small model, the per-channel parameters are a tenth of the file.
+The trials, their figures and the reason for the choice are recorded in the result's
+details.
 """
 
 from __future__ import annotations
@@ -35,10 +42,8 @@ from compression.errors import CompressionError
 from compression.evaluate import EvalData, EvalSettings, Evaluation, evaluate_tflite_models
 from compression.ptq import check_samples, io_types
 from compression.result import CompressedModel
-from compression.tflite_graph import attention_score_tensors, op_counts
+from compression.tflite_graph import attention_score_tensors, layer_norm_tensors, op_counts
 
-# The ops a Keras LayerNormalization becomes (mean, variance, 1/sqrt).
-LAYER_NORM_OPS = ("MEAN", "SQUARED_DIFFERENCE", "RSQRT")
 FLOAT32 = "float32"
 
 
@@ -70,6 +75,7 @@ class Trial:
     """A scheme's conversion and how it fared against float32 on the judge's data."""
 
     scheme: Scheme
+    per_tensor: bool = False  # one weight scale per tensor rather than per output channel
     tflite: bytes | None = None
     accuracy_drop: float | None = None  # worst head, points; None: no classification head
     latency_p50_ms: float | None = None
@@ -85,10 +91,12 @@ class Trial:
         return {
             "scheme": self.scheme.name,
             "float": self.scheme.description,
+            "weight_scales": _weight_scales(self.per_tensor),
             "validation_accuracy_drop": self.accuracy_drop,
             "latency_p50_ms": self.latency_p50_ms,
             "speedup_vs_float32": self.speedup,
-            "size_bytes": None if self.tflite is None else len(self.tflite),
+            # As converted: the pipeline strips only the result it keeps.
+            "converter_bytes": None if self.tflite is None else len(self.tflite),
             "error": self.error,
         }
 
@@ -98,6 +106,7 @@ def schemes(float_tflite: bytes) -> list[Scheme]:
     attention = attention_score_tensors(float_tflite)
     found = [Scheme("full", "nothing", {"integer_only": True})]
     if attention:
+        norms = layer_norm_tensors(float_tflite)
         found += [
             Scheme(
                 "attention_float",
@@ -107,8 +116,8 @@ def schemes(float_tflite: bytes) -> list[Scheme]:
             Scheme(
                 "attention_norm_float",
                 f"the attention score paths ({len(attention)} tensors) and layer norms "
-                f"({', '.join(LAYER_NORM_OPS)})",
-                {"float_tensors": attention, "float_ops": LAYER_NORM_OPS},
+                f"({len(norms)} tensors)",
+                {"float_tensors": attention + norms},
             ),
         ]
     found.append(Scheme("16x8", "nothing; activations int16, weights int8",
@@ -124,17 +133,27 @@ def _worst_drop(reference: Evaluation, candidate: Evaluation) -> float | None:
     return max(drops) if drops else None
 
 
-def _convert(model: keras.Model, samples: Sequence[dict[str, np.ndarray]], scheme: Scheme) -> Trial:
+def _weight_scales(per_tensor: bool) -> str:
+    return "per tensor" if per_tensor else "per channel"
+
+
+def _convert(
+    model: keras.Model,
+    samples: Sequence[dict[str, np.ndarray]],
+    scheme: Scheme,
+    per_tensor: bool = False,
+) -> Trial:
     try:
         flatbuffer = to_tflite(
             model,
             optimizations=[tf.lite.Optimize.DEFAULT],
             representative_dataset=lambda: iter(samples),
+            per_tensor=per_tensor,
             **scheme.arguments,
         )
     except CompressionError as exc:  # e.g. 16x8 has no kernel for integer token inputs
-        return Trial(scheme, error=str(exc).splitlines()[-1])
-    return Trial(scheme, flatbuffer)
+        return Trial(scheme, per_tensor, error=str(exc).splitlines()[-1])
+    return Trial(scheme, per_tensor, flatbuffer)
 
 
 def _measure(trials: Sequence[Trial], judge: Judge) -> None:
@@ -186,6 +205,29 @@ def _figures(trial: Trial) -> str:
     return drop + speed
 
 
+def _per_tensor_if_it_passes(
+    model: keras.Model,
+    samples: Sequence[dict[str, np.ndarray]],
+    judge: Judge,
+    chosen: Trial,
+    trials: list[Trial],
+) -> tuple[Trial, str]:
+    """The chosen scheme with one scale per weight tensor if that keeps the gate, and why.
+
+    The same ops run either way, so only accuracy can tell them apart; the per-tensor
+    file is the smaller one. The extra trial is appended to ``trials``.
+    """
+    if not chosen.passes(judge.max_accuracy_drop):
+        return chosen, "per-channel weight scales (the scheme fails the gate already)"
+    candidate = _convert(model, samples, chosen.scheme, per_tensor=True)
+    _measure([candidate], judge)
+    trials.append(candidate)
+    if candidate.passes(judge.max_accuracy_drop):
+        return candidate, f"per-tensor weight scales also pass ({_figures(candidate)})"
+    why = candidate.error or _figures(candidate)
+    return chosen, f"per-channel weight scales (per tensor fails: {why})"
+
+
 def choose_int8(
     model: keras.Model, samples: Sequence[dict[str, np.ndarray]], judge: Judge
 ) -> CompressedModel:
@@ -207,13 +249,15 @@ def choose_int8(
         trials += [_convert(model, samples, scheme) for scheme in candidates[1:]]
         _measure(trials, judge)
         chosen, reason = _pick(trials, judge.max_accuracy_drop)
+    chosen, granularity = _per_tensor_if_it_passes(model, samples, judge, chosen, trials)
     assert chosen.tflite is not None
     details: dict[str, Any] = {
         "weights": "int8",
         "activations": "int16" if chosen.scheme.name == "16x8" else "int8",
         "scheme": chosen.scheme.name,
         "float": chosen.scheme.description,
-        "reason": reason,
+        "weight_scales": _weight_scales(chosen.per_tensor),
+        "reason": f"{reason}; {granularity}",
         "trials": [trial.to_json() for trial in trials],
         "validation_split": judge.data.split,
         "calibration_samples": len(samples),

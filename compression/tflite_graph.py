@@ -1,4 +1,5 @@
-"""What a TFLite flatbuffer computes, read from its op graph: op counts and attention paths.
+"""What a TFLite flatbuffer computes, read from its op graph: op counts, attention paths
+and layer norms.
 
 Post-training int8 quantization gives every activation tensor one scale, from the range
 seen during calibration. Attention breaks that: Keras adds a large negative number
@@ -20,6 +21,9 @@ from ai_edge_litert.interpreter import Interpreter
 
 # Ops between the query-key product and the softmax: scaling and the added mask.
 _SCORE_ELEMENTWISE = frozenset({"ADD", "SUB", "MUL", "DIV", "RESHAPE", "TRANSPOSE"})
+# A converted LayerNormalization: the statistics, then scale and shift arithmetic.
+_NORM_STATISTICS = frozenset({"MEAN", "SQUARED_DIFFERENCE", "RSQRT"})
+_NORM_ARITHMETIC = frozenset({"MUL", "SUB", "ADD"})
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,38 @@ def attention_score_tensors(flatbuffer: bytes) -> list[str]:
         path = list(_score_path(graph, op))
         if any(path_op.name == "BATCH_MATMUL" for path_op in path):  # not a classifier's
             chosen.update(id(path_op) for path_op in path)
+    return [
+        graph.tensor_names[tensor] for op in graph.ops if id(op) in chosen for tensor in op.outputs
+    ]
+
+
+def layer_norm_tensors(flatbuffer: bytes) -> list[str]:
+    """Output tensor names of every op of the layer norms, in graph order.
+
+    A Keras LayerNormalization becomes its statistics (MEAN, SQUARED_DIFFERENCE, a
+    second MEAN, RSQRT) and arithmetic (add epsilon, scale by gamma, subtract the scaled
+    mean from beta, add): the arithmetic ops are those MUL/SUB/ADD whose computed inputs
+    all come from the norm itself or from the tensor it normalises. Keeping only the
+    statistics float (by op type) would leave that arithmetic int8, with a quantize and
+    a dequantize between every two ops; keeping the whole norm float needs its tensors.
+    A residual ADD is not part of it: one of its inputs comes from elsewhere.
+    """
+    graph = Graph.read(flatbuffer)
+    computed = {tensor for op in graph.ops for tensor in op.outputs}
+    chosen = {id(op) for op in graph.ops if op.name in _NORM_STATISTICS}
+    inside = {tensor for op in graph.ops if id(op) in chosen for tensor in op.outputs}
+    inside |= {op.inputs[0] for op in graph.ops if op.name == "MEAN"}  # what is normalised
+    grown = True
+    while grown:
+        grown = False
+        for op in graph.ops:
+            if id(op) in chosen or op.name not in _NORM_ARITHMETIC:
+                continue
+            live = [tensor for tensor in op.inputs if tensor in computed]
+            if live and all(tensor in inside for tensor in live):
+                chosen.add(id(op))
+                inside.update(op.outputs)
+                grown = True
     return [
         graph.tensor_names[tensor] for op in graph.ops if id(op) in chosen for tensor in op.outputs
     ]
