@@ -9,6 +9,7 @@ that never change, so this module needs no TensorFlow import.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -77,6 +78,8 @@ def dtype_info(dtype: np.dtype | str | int) -> DType:
     to the object arrays of ``bytes`` the gateway uses. Raises ``ValueError`` for types
     the gateway does not carry (resources, variants, quantized types).
     """
+    if isinstance(dtype, np.dtype) and (found := _BY_NUMPY.get(dtype)) is not None:
+        return found  # the request path's case: a native-order numpy dtype, one lookup
     if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
         found = _BY_ENUM.get(int(dtype))
         if found is None:
@@ -186,6 +189,17 @@ class Signature:
     inputs: dict[str, TensorSpec]
     outputs: dict[str, TensorSpec]
     method_name: str = PREDICT_METHOD
+
+    @functools.cached_property
+    def argument_numbers(self) -> dict[str, int]:
+        """Each input's argument number in TensorFlow's messages (``arg[1]``).
+
+        TensorFlow's session sorts the tensors it is fed by name before it numbers them,
+        and TensorFlow Serving feeds every input of the signature. Computed once: a
+        signature is fixed for as long as its version is loaded.
+        """
+        keys = sorted(self.inputs, key=lambda name: self.inputs[name].tensor_name or name)
+        return {name: index for index, name in enumerate(keys)}
 
     def describe_inputs(self) -> str:
         """``image: float32 [-1, 8, 8, 1], extra: int64 [-1, 3]`` for messages."""

@@ -35,7 +35,6 @@ from serving.errors import InvalidArgument
 from serving.signature import STRING, Signature, TensorSpec, dtype_info, dtype_name
 from serving.validation import (
     MAX_TENSOR_BYTES,
-    argument_numbers,
     check_declared,
     check_names,
     check_size,
@@ -89,7 +88,7 @@ def protos_to_inputs(
     what the values a request does send may be repeated to fill.
     """
     check_names(protos, signature)
-    args = argument_numbers(signature)
+    args = signature.argument_numbers
     return {
         name: tensor_proto_to_numpy(
             protos[name], name, spec=spec, arg=args[name], max_bytes=max_bytes
@@ -152,6 +151,9 @@ def tensor_proto_to_numpy(
     return _numbers_from_values(proto, info.enum, info.numpy, count, shape, label)
 
 
+_LARGEST_INDEX = np.iinfo(np.intp).max
+
+
 def _declared_shape(proto: TensorProto, dtype: np.dtype, label: str) -> tuple[int, ...]:
     """The proto's shape, if an array can have it: known rank, at most ``MAX_RANK``
     dimensions, none negative, and a size numpy can address (even when another
@@ -167,7 +169,7 @@ def _declared_shape(proto: TensorProto, dtype: np.dtype, label: str) -> tuple[in
     if any(d < 0 for d in shape):
         raise InvalidArgument(f"{label}: negative dimension in shape {list(shape)}")
     addressable = math.prod(d for d in shape if d) * max(dtype.itemsize, 1)
-    if addressable > np.iinfo(np.intp).max:
+    if addressable > _LARGEST_INDEX:
         raise InvalidArgument(
             f"{label}: shape {list(shape)} is too large: its dimensions multiply to more "
             "than an array can address"

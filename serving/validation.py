@@ -58,7 +58,7 @@ def validate_inputs(
     once they are known to fit, and only if they are at most ``max_bytes``.
     """
     check_names(inputs, signature)
-    args = argument_numbers(signature)
+    args = signature.argument_numbers
     checked = {}
     for name, spec in signature.inputs.items():
         array = np.asarray(inputs[name])
@@ -82,16 +82,6 @@ def check_names(names: Iterable[str], signature: Signature) -> None:
             f"unknown input {unknown[0]!r}; signature {signature.name!r} takes "
             f"{', '.join(signature.inputs)}"
         )
-
-
-def argument_numbers(signature: Signature) -> dict[str, int]:
-    """Each input's argument number in TensorFlow's messages.
-
-    TensorFlow's session sorts the tensors it is fed by name before it numbers them,
-    and TensorFlow Serving feeds every input of the signature.
-    """
-    keys = sorted(signature.inputs, key=lambda name: signature.inputs[name].tensor_name or name)
-    return {name: index for index, name in enumerate(keys)}
 
 
 def check_declared(spec: TensorSpec, dtype: np.dtype, shape: tuple[int, ...], arg: int) -> None:
@@ -122,6 +112,8 @@ def check_size(
 
 
 def _same_type(want: np.dtype, got: np.dtype) -> bool:
+    if got == want:
+        return True
     if want is STRING:
         return got.kind in "OSU"
     try:
