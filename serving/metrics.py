@@ -18,8 +18,9 @@ Label values never come from clients alone: a request for a version that has no 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -198,6 +199,18 @@ class GatewayMetrics:
         for stage in DISCONNECT_STAGES:
             self.client_disconnects.labels(stage)
         self._versions: set[tuple[str, str]] = set()
+        # Labelled children by (metric, label values): ``labels()`` validates and joins
+        # its arguments on every call, a cost the request path pays several times.
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, looked up once. Bounded by the series that exist:
+        label values here are validated versions, routes and codes, never raw input."""
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def create_version_series(self, model: str, version: int | str) -> None:
         """Create every request and feedback series ``version`` can have, at 0.
@@ -242,9 +255,9 @@ class GatewayMetrics:
         error ratios do not depend on which API a client used.
         """
         _check_route(route)
-        labels = (model, str(version), route)
-        self.requests.labels(*labels, code, api).inc()
-        self.request_seconds.labels(*labels).observe(seconds)
+        version = str(version)
+        self._child(self.requests, model, version, route, code, api).inc()
+        self._child(self.request_seconds, model, version, route).observe(seconds)
 
     def observe_batch(
         self,
@@ -258,12 +271,12 @@ class GatewayMetrics:
     ) -> None:
         """Record one executed batch: its size, padding, and each member request's timings."""
         _check_route(route)
-        version_labels = (model, str(version))
-        self.batch_size.labels(*version_labels).observe(size)
+        version = str(version)
+        self._child(self.batch_size, model, version).observe(size)
         padding = (padded_size - size) / padded_size if padded_size else 0.0
-        self.batch_padding_ratio.labels(*version_labels).observe(padding)
-        queue = self.queue_seconds.labels(*version_labels, route)
-        execution = self.execution_seconds.labels(*version_labels, route)
+        self._child(self.batch_padding_ratio, model, version).observe(padding)
+        queue = self._child(self.queue_seconds, model, version, route)
+        execution = self._child(self.execution_seconds, model, version, route)
         for wait in queue_wait_seconds:
             queue.observe(wait)
             execution.observe(execution_seconds)
@@ -271,15 +284,9 @@ class GatewayMetrics:
     def set_queue_depth(self, model: str, version: int | str, depth: int) -> None:
         self.queue_depth.labels(model, str(version)).set(depth)
 
-    @contextmanager
-    def track_in_flight(self, model: str, version: int | str) -> Iterator[None]:
+    def track_in_flight(self, model: str, version: int | str) -> AbstractContextManager[None]:
         """Count a request as in flight for the duration of the block, whatever its outcome."""
-        gauge = self.in_flight.labels(model, str(version))
-        gauge.inc()
-        try:
-            yield
-        finally:
-            gauge.dec()
+        return self._child(self.in_flight, model, str(version)).track_inprogress()
 
     def set_model_loaded(self, model: str, version: int | str, loaded: bool) -> None:
         self.model_loaded.labels(model, str(version)).set(1 if loaded else 0)
