@@ -321,6 +321,8 @@ class Batcher:
         tasks = self._enqueue(inputs, rows, deadline, submitted)
         try:
             async with asyncio.timeout(None if deadline is None else deadline - self._clock()):
+                if len(tasks) == 1:  # the usual case: no gathering future to build
+                    return await tasks[0].future
                 parts = await asyncio.gather(*(task.future for task in tasks))
         except BaseException as exc:
             self._withdraw(tasks)
@@ -330,7 +332,7 @@ class Batcher:
                     f"deadline exceeded after {waited:.1f} ms waiting for the model"
                 ) from None
             raise
-        return parts[0] if len(parts) == 1 else _concatenate(parts)
+        return _concatenate(parts)
 
     def update_config(self, config: BatchingConfig) -> None:
         """Apply ``config`` to batches formed from now on (call on the event loop thread).

@@ -394,7 +394,7 @@ class Gateway:
         return self.repository.versions(model)
 
     def _known(self, model: str) -> bool:
-        return model in self.remote or model in self.repository.models()
+        return model in self.remote or self.repository.knows(model)
 
     def _servable(self, model: str, version: int | None) -> Servable:
         if model in self.remote:

@@ -246,6 +246,11 @@ class ModelRepository:
         with self._lock:
             return sorted(self._models)
 
+    def knows(self, model: str) -> bool:
+        """Whether the repository knows of ``model``, whatever the state of its versions."""
+        with self._lock:
+            return model in self._models
+
     def versions(self, model: str) -> list[int]:
         """The AVAILABLE versions of ``model``, ascending (empty if none or unknown)."""
         with self._lock:
@@ -271,6 +276,10 @@ class ModelRepository:
             records = self._models.get(model)
             if records is None:
                 raise NotFound(f"model {model!r} not found")
+            record = records.get(version) if version is not None else None
+            if record is not None and record.state is VersionState.AVAILABLE:
+                assert record.servable is not None
+                return record.servable  # the request path's case: one lookup
             available = sorted(v for v, r in records.items() if r.state is VersionState.AVAILABLE)
             if version is None:
                 if not available:
