@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
@@ -549,7 +548,7 @@ class Gateway:
                     f"{model!r} version {version}; available signatures: {known}"
                 )
             decoded = source(signature)
-            if inspect.isawaitable(decoded):
+            if hasattr(decoded, "__await__"):  # decoded off the loop (a big REST body)
                 decoded = await decoded
             inputs = validate_inputs(decoded, signature, max_bytes=self.config.max_message_bytes)
             batcher = self._batcher(servable, signature_name, shadow=shadow)

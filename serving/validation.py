@@ -70,6 +70,8 @@ def validate_inputs(
 def check_names(names: Iterable[str], signature: Signature) -> None:
     """The request names exactly the signature's inputs."""
     given = set(names)
+    if given == signature.inputs.keys():
+        return
     missing = [name for name in signature.inputs if name not in given]
     if missing:
         raise InvalidArgument(
