@@ -23,8 +23,8 @@ import tensorflow_text as tf_text
 import tf_keras as keras
 
 from contracts.dataset_manifest import DatasetError
-from contracts.digests import file_sha256
 from contracts.features import FeatureSpec
+from research.preprocessing.learned_files import read_learned_file
 
 PAD_ID = 0
 
@@ -125,21 +125,13 @@ def read_tokenizer_model(dataset_dir: str | Path, feature: FeatureSpec) -> bytes
     A missing file, one whose SHA-256 differs from the manifest's, or one that is not a
     sentencepiece model is a ``DatasetError`` naming the file.
     """
-    if not feature.tokenizer_file:
-        raise DatasetError(f"{dataset_dir}: text feature {feature.name!r} has no tokenizer_file")
-    path = Path(dataset_dir) / feature.tokenizer_file
-    if not path.is_file():
-        raise DatasetError(f"{path}: tokenizer of text feature {feature.name!r} is missing")
-    if feature.tokenizer_sha256 and file_sha256(path) != feature.tokenizer_sha256:
-        raise DatasetError(
-            f"{path}: tokenizer of text feature {feature.name!r} does not match the SHA-256 "
-            "in the manifest (corrupt or replaced); rebuild the dataset"
-        )
-    model = path.read_bytes()
+    path, model = read_learned_file(dataset_dir, feature, "tokenizer_file", "tokenizer")
     try:
         check_sentencepiece_model(model)
     except ValueError as exc:
-        raise DatasetError(f"{path}: tokenizer of text feature {feature.name!r}: {exc}") from None
+        raise DatasetError(
+            f"{path}: the tokenizer of text feature {feature.name!r}: {exc}"
+        ) from None
     return model
 
 

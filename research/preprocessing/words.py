@@ -25,8 +25,8 @@ import tensorflow as tf
 import tf_keras as keras
 
 from contracts.dataset_manifest import DatasetError
-from contracts.digests import file_sha256
 from contracts.features import FeatureSpec
+from research.preprocessing.learned_files import read_learned_file
 
 # Anything that is not a letter, a digit or an underscore separates words (RE2 syntax:
 # the classes are Unicode-aware, unlike RE2's \w).
@@ -104,25 +104,16 @@ def read_word_bag(dataset_dir: str | Path, feature: FeatureSpec) -> dict[str, An
     A missing file, one whose SHA-256 differs from the manifest's, or one without terms
     and their document frequencies is a ``DatasetError`` naming the file.
     """
-    if not feature.words_file:
-        raise DatasetError(f"{dataset_dir}: text feature {feature.name!r} has no words_file")
-    path = Path(dataset_dir) / feature.words_file
-    if not path.is_file():
-        raise DatasetError(f"{path}: word terms of text feature {feature.name!r} are missing")
-    if feature.words_sha256 and file_sha256(path) != feature.words_sha256:
-        raise DatasetError(
-            f"{path}: word terms of text feature {feature.name!r} do not match the SHA-256 in "
-            "the manifest (corrupt or replaced); rebuild the dataset"
-        )
+    path, content = read_learned_file(dataset_dir, feature, "words_file", "word terms")
     try:
-        bag = json.loads(path.read_text("utf-8"))
+        bag = json.loads(content)
         terms, frequencies = bag["terms"], bag["document_frequencies"]
         documents, ngrams = int(bag["documents"]), int(bag["ngrams"])
         if len(terms) != len(frequencies) or not terms:
             raise ValueError("terms and document_frequencies differ in length or are empty")
     except (ValueError, KeyError, TypeError) as exc:
         raise DatasetError(
-            f"{path}: word terms of text feature {feature.name!r} are unreadable: {exc}"
+            f"{path}: the word terms of text feature {feature.name!r} are unreadable: {exc}"
         ) from None
     return {
         "terms": terms,

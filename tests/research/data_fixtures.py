@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -226,3 +227,22 @@ def read(spec: DatasetSpec) -> tuple[list[dict], list[dict]]:
 def public(record: dict) -> dict:
     """A record without its bookkeeping keys."""
     return {key: value for key, value in record.items() if not key.startswith("_")}
+
+
+def write_text_spec(directory: Path, texts: list[str], text: dict, **spec: Any) -> Path:
+    """``texts`` as JSON Lines records ``{"id", "text"}`` and a spec that builds them
+    as stored (no cleaning), split by id; ``text`` is the text field's schema and
+    ``spec`` adds or replaces top-level keys."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"id": i, "text": value}) for i, value in enumerate(texts)]
+    (directory / "texts.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    base = {
+        "name": "texts",
+        "sources": [{"type": "jsonl", "path": "texts.jsonl"}],
+        "infer_schema": False,
+        "schema": {"id": {"type": "numeric", "dtype": "int64"}, "text": text},
+        "clean": {"unicode_normalization": "none", "collapse_whitespace": False},
+        "dedup": {"exact": {"fields": ["id"]}},
+        "split": {"ratios": {"train": 0.8, "test": 0.2}, "key": "id"},
+    }
+    return write_spec(directory / "texts.yaml", {**base, **spec})

@@ -20,7 +20,7 @@ from research.data.pipeline import build_dataset
 from research.data.spec import VocabSpec, load_spec
 from research.data.tokenizer import train_tokenizer
 from research.preprocessing.text import PAD_ID, SubwordTokenizer, tokenizer_for
-from tests.research.data_fixtures import read_examples, text_of, write_spec
+from tests.research.data_fixtures import read_examples, text_of, write_text_spec
 
 WORDS = ["river", "mill", "naïve", "straße", "東京", "данные", "ελληνικά", "🙂", "👍🏽", "e\u0301t"]
 PUNCTUATION = "!?.,;:…—–-«»\"'()[]{}<>/\\@#$%^&*_+=|~`"
@@ -107,21 +107,13 @@ SKEW_TEXTS = 1000
 
 
 def build_texts(directory: Path, texts: list[str], model_type: str) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"id": i, "text": text}) for i, text in enumerate(texts)]
-    (directory / "texts.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    spec = {
-        "name": "skew",
-        "sources": [{"type": "jsonl", "path": "texts.jsonl"}],
-        "infer_schema": False,
-        "schema": {"id": {"type": "numeric", "dtype": "int64"}, "text": {"type": "text"}},
-        "clean": {"unicode_normalization": "none", "collapse_whitespace": False},
-        "dedup": {"exact": {"fields": ["id"]}},
-        "split": {"ratios": {"train": 0.8, "test": 0.2}, "key": "id"},
-        "vocab": {"size": 2000, "model_type": model_type},
-        "output": {"num_shards": {"train": 3, "test": 1}},
-    }
-    path = write_spec(directory / "skew.yaml", spec)
+    path = write_text_spec(
+        directory,
+        texts,
+        {"type": "text"},
+        vocab={"size": 2000, "model_type": model_type},
+        output={"num_shards": {"train": 3, "test": 1}},
+    )
     return Path(build_dataset(load_spec(path), directory / "out").output_dir)
 
 

@@ -30,7 +30,7 @@ from research.preprocessing.words import (
     text_terms,
     word_bag_for,
 )
-from tests.research.data_fixtures import read_examples, text_of, write_spec
+from tests.research.data_fixtures import read_examples, text_of, write_spec, write_text_spec
 from tests.research.test_text_preprocessing import varied_texts
 
 TEXTS = [
@@ -102,25 +102,9 @@ def test_the_layer_config_and_a_reloaded_saved_model_give_the_same_bag(tmp_path:
 # --------------------------------------------------------------------------- the build
 
 
-def write_texts(directory: Path, texts: list[str], words: dict, **spec_extra: object) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"id": i, "text": text}) for i, text in enumerate(texts)]
-    (directory / "texts.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    spec = {
-        "name": "words",
-        "sources": [{"type": "jsonl", "path": "texts.jsonl"}],
-        "infer_schema": False,
-        "schema": {
-            "id": {"type": "numeric", "dtype": "int64"},
-            "text": {"type": "text", "words": words},
-        },
-        "clean": {"unicode_normalization": "none", "collapse_whitespace": False},
-        "dedup": {"exact": {"fields": ["id"]}},
-        "split": {"ratios": {"train": 0.8, "test": 0.2}, "key": "id"},
-        "output": {"num_shards": {"train": 2, "test": 1}},
-        **spec_extra,
-    }
-    return write_spec(directory / "words.yaml", spec)
+def write_texts(directory: Path, texts: list[str], words: dict) -> Path:
+    text = {"type": "text", "words": words}
+    return write_text_spec(directory, texts, text, output={"num_shards": {"train": 2, "test": 1}})
 
 
 def build(directory: Path, texts: list[str], words: dict) -> Path:
@@ -258,7 +242,7 @@ def test_a_missing_or_corrupt_terms_file_is_a_dataset_error_naming_it(
     copy = Path(shutil.copytree(dataset, tmp_path / "copy"))
     path = copy / "tokenizers" / "text.words.json"
     path.write_text(path.read_text("utf-8").replace('"the"', '"thé"'), encoding="utf-8")
-    with pytest.raises(DatasetError, match=r"text\.words\.json.*do not match the SHA-256"):
+    with pytest.raises(DatasetError, match=r"text\.words\.json.*does not match the SHA-256"):
         make_dataset(copy, "train", batch_size=4)
     problems = [problem.message for problem in validate_dataset(str(copy)).problems]
     assert any("word terms file tokenizers/text.words.json does not match" in m for m in problems)
@@ -269,5 +253,5 @@ def test_a_missing_or_corrupt_terms_file_is_a_dataset_error_naming_it(
     with pytest.raises(DatasetError, match=r"text\.words\.json.*unreadable"):
         word_bag_for(copy, unchecked)
     path.unlink()
-    with pytest.raises(DatasetError, match=r"text\.words\.json.*'text' are missing"):
+    with pytest.raises(DatasetError, match=r"text\.words\.json.*'text' is missing"):
         word_bag_for(copy, unchecked)
