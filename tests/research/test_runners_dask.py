@@ -26,6 +26,7 @@ from research.data.pipeline import build_dataset
 from research.data.runners import DASK_RUNNER, IN_PROCESS_RUNNER, pipeline_options
 from research.data.spec import load_spec
 from research.data.synthetic import write_corpus_jsonl
+from slipway.raw_data import write_docstrings_jsonl
 from tests.research.data_fixtures import EXAMPLE_SPECS, slipway, tree_digest, write_spec
 
 pytestmark = pytest.mark.integration
@@ -73,6 +74,27 @@ def test_a_dask_build_is_byte_identical_to_the_in_process_build(tmp_path: Path) 
         Path(reference.output_dir)
     )
     assert sorted(path.name for path in tmp_path.iterdir()) == ["dask", "in-process", "raw"]
+
+
+def test_word_terms_learned_by_dask_workers_are_the_in_process_ones(tmp_path: Path) -> None:
+    """The docstrings example reads its text as words: the workers count document
+    frequencies with the graph's term function in their own processes."""
+    raw = tmp_path / "raw"
+    write_docstrings_jsonl(raw)
+    spec_path = write_spec(
+        raw / "docstrings.yaml",
+        yaml.safe_load((EXAMPLE_SPECS / "docstrings.yaml").read_text(encoding="utf-8")),
+    )
+    reference = build_dataset(load_spec(spec_path), tmp_path / "in-process")
+    dask = build_dataset(load_spec(spec_path), tmp_path / "dask",
+                         beam_args=["--runner", "dask", "--workers", "2"])  # fmt: skip
+    assert dask.manifest.features["text"].words_size > 1000
+    dask_files, reference_files = (
+        tree_digest(tmp_path / "dask"),
+        tree_digest(Path(reference.output_dir)),
+    )
+    assert dask_files.pop("manifest.json") and reference_files.pop("manifest.json")
+    assert dask_files == reference_files  # the terms file and the shards
 
 
 def test_one_large_file_read_in_parts_by_the_workers_gives_the_whole_reads_bytes(
