@@ -14,6 +14,9 @@ started as ``slipway serve`` processes:
 4. a remote backend hop, gateway -> gateway, at one client: p50 added by the front one.
 
 Results are printed as a table and written to ``benchmarks/results/serving.json``.
+``--profile`` also records where the batched gateway spends its time under the 64-client
+load: a py-spy flame graph of the threads holding the GIL,
+``benchmarks/results/serving-gateway-profile.svg``.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ BATCHING_GOAL = 4.0
 OVERHEAD_GOAL = 0.7
 ADDED_LATENCY_GOAL_MS = 1.0
 START_TIMEOUT_S = 90.0
+PROFILE_FILE = "serving-gateway-profile.svg"
 # One batch thread: TensorFlow already spreads a batch over the cores, and a second
 # thread would cut the batches in half under load instead of filling them.
 BATCHING = {"max_batch_size": 64, "batch_timeout_micros": 5000, "num_batch_threads": 1}
@@ -127,8 +131,15 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def gateway(workdir: Path, name: str, model_root: Path, config: Mapping[str, Any]) -> Iterator[str]:
-    """``slipway serve`` with ``config``; yields its gRPC target."""
+def gateway(
+    workdir: Path,
+    name: str,
+    model_root: Path,
+    config: Mapping[str, Any],
+    profile: Path | None = None,
+) -> Iterator[str]:
+    """``slipway serve`` with ``config``; yields its gRPC target. With ``profile``, py-spy
+    samples the gateway while it is in use and writes a flame graph there."""
     config_path = workdir / f"{name}.yaml"
     config_path.write_text(json.dumps(config))
     grpc_port, rest_port = free_port(), free_port()
@@ -159,9 +170,35 @@ def gateway(workdir: Path, name: str, model_root: Path, config: Mapping[str, Any
         )
         try:
             _wait_http_ready(f"http://127.0.0.1:{rest_port}/readyz", process, log)
-            yield f"127.0.0.1:{grpc_port}"
+            with flame_graph(process.pid, profile):
+                yield f"127.0.0.1:{grpc_port}"
         finally:
             _stop(process)
+
+
+@contextlib.contextmanager
+def flame_graph(pid: int, output: Path | None) -> Iterator[None]:
+    """py-spy's flame graph of process ``pid`` over the block (nothing when ``output`` is
+    None). Only threads holding the GIL are sampled (``--gil``): the gateway's Python
+    work is what bounds it, and waiting threads would only dilute the graph."""
+    if output is None:
+        yield
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    command = ["py-spy", "record", "--pid", str(pid), "--gil", "--rate", "200",
+               "--format", "flamegraph", "--output", str(output)]  # fmt: skip
+    recorder = subprocess.Popen(
+        [str(Path(sys.executable).parent / command[0]), *command[1:]],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        yield
+    finally:
+        recorder.send_signal(signal.SIGINT)  # py-spy writes its output when interrupted
+        _, errors = recorder.communicate(timeout=60)
+        if recorder.returncode != 0 or not output.exists():
+            raise RuntimeError(f"py-spy failed: {errors.decode(errors='replace')[-2000:]}")
 
 
 @contextlib.contextmanager
@@ -318,12 +355,12 @@ def in_process_p50_ms(version_dir: Path, seconds: float) -> float:
 # --- the benchmarks -------------------------------------------------------------------------
 
 
-def bench(workdir: Path, sizes: Sizes) -> dict[str, Any]:
+def bench(workdir: Path, sizes: Sizes, profile: Path | None = None) -> dict[str, Any]:
     root = workdir / "models"
     version_dir = publish_model(root)
     off = {"batching": {**BATCHING, "enabled": False}}
     on = {"batching": BATCHING}
-    with gateway(workdir, "batched", root, on) as target:
+    with gateway(workdir, "batched", root, on, profile) as target:
         batched = measure(target, MANY_CLIENTS, sizes)
     with gateway(workdir, "unbatched", root, off) as target:
         unbatched = measure(target, MANY_CLIENTS, sizes)
@@ -416,21 +453,29 @@ def print_table(results: Mapping[str, Any]) -> None:
     Console().print(table)
 
 
-def run(quick: bool, output: Path) -> dict[str, Any]:
-
+def run(quick: bool, output: Path, profile: bool = False) -> dict[str, Any]:
     sizes = QUICK if quick else FULL
+    flame = output.parent / PROFILE_FILE if profile else None
     with tempfile.TemporaryDirectory(prefix="slipway-bench-serving-") as tmp:
         results: dict[str, Any] = {
             "quick": quick,
             "machine": machine_info(),
-            **bench(Path(tmp), sizes),
+            **bench(Path(tmp), sizes, flame),
         }
+    if flame is not None:
+        results["profile"] = str(flame)
     write_results(output, results, print_table)
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = benchmark_parser("benchmarks.serving", __doc__, "3 s per measurement", RESULTS_FILE)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help=f"record a py-spy flame graph of the batched gateway under load ({PROFILE_FILE} "
+        "beside the JSON results; py-spy is in the dev extra)",
+    )
     parser.add_argument("--load", metavar="TARGET", help=argparse.SUPPRESS)
     parser.add_argument("--clients", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=3.0, help=argparse.SUPPRESS)
@@ -445,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.null_server:
         asyncio.run(run_null_server(args.null_server, args.health_port))
         return 0
-    run(args.quick, args.output)
+    run(args.quick, args.output, args.profile)
     return 0
 
 
