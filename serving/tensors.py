@@ -44,6 +44,7 @@ BYTES_SUFFIX = "_bytes"
 _LITTLE_ENDIAN = sys.byteorder == "little"
 # The most dimensions a numpy array can have (TensorFlow allows 254).
 MAX_RANK = 64
+_LARGEST_INDEX = np.iinfo(np.intp).max  # the largest size numpy can address
 
 # DataType -> the TensorProto field TensorFlow stores its values in when not packed.
 _VALUE_FIELD = {
@@ -149,9 +150,6 @@ def tensor_proto_to_numpy(
         given //= 2
     _check_expansion(given, count, info.numpy, shape, label, max_bytes)
     return _numbers_from_values(proto, info.enum, info.numpy, count, shape, label)
-
-
-_LARGEST_INDEX = np.iinfo(np.intp).max
 
 
 def _declared_shape(proto: TensorProto, dtype: np.dtype, label: str) -> tuple[int, ...]:
