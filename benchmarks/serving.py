@@ -185,13 +185,13 @@ def flame_graph(pid: int, output: Path | None) -> Iterator[None]:
         yield
         return
     output.parent.mkdir(parents=True, exist_ok=True)
-    command = ["py-spy", "record", "--pid", str(pid), "--gil", "--rate", "200",
-               "--format", "flamegraph", "--output", str(output)]  # fmt: skip
+    py_spy = Path(sys.executable).parent / "py-spy"  # installed beside this Python
     recorder = subprocess.Popen(
-        [str(Path(sys.executable).parent / command[0]), *command[1:]],
+        [str(py_spy), "record", "--pid", str(pid), "--gil", "--rate", "200",
+         "--format", "flamegraph", "--output", str(output)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-    )
+    )  # fmt: skip
     try:
         yield
     finally:
