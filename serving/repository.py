@@ -203,7 +203,9 @@ class ModelRepository:
     version directory; ``warmup`` runs a loaded backend before it becomes AVAILABLE.
     Unloading waits up to ``unload_timeout`` seconds for requests in flight.
     ``pinned`` returns the versions of a model that routing names: they are served in
-    addition to what the policy selects, as long as they are on disk.
+    addition to what the policy selects, as long as they are on disk. With
+    ``poll_interval`` None the disk is read at start and then only when ``request_poll``
+    asks (a worker of a pool, whose supervisor watches the disk for every worker).
     """
 
     def __init__(
@@ -213,7 +215,7 @@ class ModelRepository:
         policies: Mapping[str, VersionPolicy] | None = None,
         default_policy: VersionPolicy | None = None,
         strict: bool = False,
-        poll_interval: float = 1.0,
+        poll_interval: float | None = 1.0,
         backend_factory: BackendFactory = open_backend,
         warmup: Warmup = warm_up,
         unload_timeout: float = 30.0,
@@ -236,6 +238,7 @@ class ModelRepository:
         self._unloaders: list[threading.Thread] = []
         self._skipped_names: set[str] = set()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -308,7 +311,8 @@ class ModelRepository:
     # -- polling ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Poll now and then every ``poll_interval`` seconds on a background thread."""
+        """Poll now and then every ``poll_interval`` seconds (or on ``request_poll``) on a
+        background thread."""
         if self._thread is not None:
             raise RuntimeError("the repository is already polling")
         self._stop.clear()
@@ -317,6 +321,11 @@ class ModelRepository:
         )
         self._thread.start()
 
+    def request_poll(self) -> None:
+        """Have the polling thread read the disk again soon; requests made while it polls
+        fold into one more poll, so a burst of them costs two scans, not one each."""
+        self._wake.set()
+
     def wait_ready(self, timeout: float | None = None) -> bool:
         """True once the first poll after ``start`` has finished loading."""
         return self._ready.wait(timeout)
@@ -324,6 +333,7 @@ class ModelRepository:
     def stop(self) -> None:
         """Stop polling and unload every version (each waits for its requests in flight)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -346,7 +356,8 @@ class ModelRepository:
             except Exception:
                 log.exception("polling the model repository %s failed", self.root)
             self._ready.set()
-            self._stop.wait(self.poll_interval)
+            self._wake.wait(self.poll_interval)
+            self._wake.clear()
 
     def poll(self) -> None:
         """Bring the servables in line with the disk once; blocks while versions load.
@@ -396,9 +407,7 @@ class ModelRepository:
             scan.readable = False
             return scan
         for name in names:
-            # TensorFlow Serving's rule: versions are integer names; staging and
-            # other directories are invisible. Only the canonical spelling counts.
-            if not (name.isascii() and name.isdigit()) or str(int(name)) != name:
+            if not is_version_name(name):
                 continue
             version = int(name)
             try:
@@ -459,12 +468,12 @@ class ModelRepository:
             if (
                 record.failed
                 and path is not None
-                and record.identity not in (None, _identity(path))
+                and record.identity not in (None, path_identity(path))
             ):
                 record.error = None
 
     def _load(self, model: str, version: int, path: Path) -> None:
-        record = _Version(version, path, identity=_identity(path))
+        record = _Version(version, path, identity=path_identity(path))
         self._set(model, record, VersionState.START)
         self._set(model, record, VersionState.LOADING)
         started = time.monotonic()
@@ -582,7 +591,28 @@ class ModelRepository:
                     log.exception("repository listener failed on %s %s", model, status)
 
 
-def _identity(path: Path) -> tuple[int, ...] | None:
+def is_version_name(name: str) -> bool:
+    """TensorFlow Serving's rule: versions are integer names; staging and other
+    directories are invisible. Only the canonical spelling counts."""
+    return name.isascii() and name.isdigit() and str(int(name)) == name
+
+
+def disk_fingerprint(root: Path) -> tuple[object, ...]:
+    """What a poll would find under ``root``, cheaply: every model directory and every
+    version directory's identity. Equal fingerprints mean a poll would change nothing
+    (a pool's supervisor compares them to tell its workers when to poll)."""
+    found: list[object] = []
+    with contextlib.suppress(OSError):
+        for model in sorted(os.listdir(root)):
+            found.append(model)
+            with contextlib.suppress(OSError):
+                for name in sorted(os.listdir(root / model)):
+                    if is_version_name(name):
+                        found.append((model, name, path_identity(root / model / name)))
+    return tuple(found)
+
+
+def path_identity(path: Path) -> tuple[int, ...] | None:
     """Tells a republished directory from the one that failed (inode numbers are
     reused, so the change time is part of it)."""
     try:

@@ -22,6 +22,7 @@ from serving.repository import (
     VersionPolicy,
     VersionState,
     VersionStatus,
+    disk_fingerprint,
 )
 from serving.warmup import warm_up
 from tests.serving import model_factory
@@ -339,3 +340,31 @@ def test_version_directories_leading_outside_the_root_are_refused(
     [status] = repository.status(MODEL)
     assert (status.version, status.state, status.error_code) == (5, END, 7)
     assert "leads outside" in status.error_message
+
+
+def test_without_a_poll_interval_the_disk_is_read_only_when_asked(root: Path, make) -> None:
+    """A pool's worker: its supervisor watches the disk and asks it to poll."""
+    model_factory.publish(root, 1)
+    repository = make(root, poll_interval=None, policies={MODEL: VersionPolicy("all")})
+    repository.start()
+    assert repository.wait_ready(timeout=60)
+    model_factory.publish(root, 2)
+    # The polling thread is parked: a version published meanwhile is not even seen.
+    assert repository.status(MODEL, None) == [VersionStatus(1, AVAILABLE)]
+    repository.request_poll()
+    wait_for(repository, MODEL, 2, [AVAILABLE], timeout=60)
+    assert repository.versions(MODEL) == [1, 2]
+
+
+def test_the_disk_fingerprint_changes_with_what_a_poll_would_find(root: Path) -> None:
+    assert disk_fingerprint(root) == disk_fingerprint(root)
+    empty = disk_fingerprint(root)
+    model_factory.publish(root, 1)
+    one = disk_fingerprint(root)
+    assert one != empty
+    (root / MODEL / "staging-2").mkdir()  # not a version: invisible to a poll
+    assert disk_fingerprint(root) == one
+    shutil.rmtree(root / MODEL / "1")
+    model_factory.publish(root, 1)  # republished in place: a new directory
+    assert disk_fingerprint(root) != one
+    assert disk_fingerprint(root / "missing") == ()
