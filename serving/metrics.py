@@ -11,6 +11,12 @@ A version's request and feedback series are created at 0 when it starts loading
 a new series, so a canary's first errors would otherwise be undercounted. Series of a
 version stay after it unloads, as its ``model_loaded`` gauge does (at 0).
 
+In a pool of gateway processes (``slipway serve --processes N``) every worker writes its
+values to files in ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess mode) and
+``/metrics`` of any worker reads them all: counters and histograms add up, and each gauge
+says how its workers' values combine (``multiprocess_mode``), so a scrape that reaches any
+one worker sees the whole gateway.
+
 Label values never come from clients alone: a request for a version that has no series
 (a version that does not exist, or a model that is not served) is counted under
 ``version="unknown"``, so clients naming made-up versions cannot grow ``/metrics``.
@@ -18,6 +24,7 @@ Label values never come from clients alone: a request for a version that has no 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -25,6 +32,11 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.multiprocess import MultiProcessCollector
+
+# Set (by the pool's supervisor) before prometheus_client is first imported: workers then
+# keep their values in files there, which ``render`` adds up.
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 ROUTES = ("stable", "canary", "shadow", "explicit")
 # Routes an answer a client received can take (a shadow answer is never served).
@@ -74,6 +86,7 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._pool_files = os.environ.get(MULTIPROCESS_DIR_ENV)
         registry = self.registry
         self.requests = Counter(
             "slipway_gateway_requests",
@@ -120,24 +133,29 @@ class GatewayMetrics:
             "slipway_gateway_queue_depth",
             "Batches waiting to execute (open and closed), bounded by max_enqueued_batches.",
             _VERSION_LABELS,
+            multiprocess_mode="livesum",
             registry=registry,
         )
         self.in_flight = Gauge(
             "slipway_gateway_in_flight",
             "Requests currently being served.",
             _VERSION_LABELS,
+            multiprocess_mode="livesum",
             registry=registry,
         )
         self.model_loaded = Gauge(
             "slipway_gateway_model_loaded",
-            "1 while a model version is loaded and serving, 0 once unloaded or failed.",
+            "1 while a model version is loaded and serving (in a pool of processes: in every "
+            "worker), 0 once unloaded or failed.",
             _VERSION_LABELS,
+            multiprocess_mode="livemin",
             registry=registry,
         )
         self.model_load_seconds = Gauge(
             "slipway_gateway_model_load_seconds",
             "Seconds the last load of a model version took, warm-up included.",
             _VERSION_LABELS,
+            multiprocess_mode="livemax",
             registry=registry,
         )
         self.shadow_requests = Counter(
@@ -343,7 +361,11 @@ class GatewayMetrics:
         anything else (or no header) gets the classic text format every Prometheus reads.
         """
         encoder, content_type = choose_encoder(accept or "")
-        return encoder(self.registry), content_type
+        if self._pool_files is None:
+            return encoder(self.registry), content_type
+        every_worker = CollectorRegistry()
+        MultiProcessCollector(every_worker, path=self._pool_files)
+        return encoder(every_worker), content_type
 
 
 class BatchMetricsObserver:

@@ -150,17 +150,31 @@ class RoutingStore:
             )
 
     def _register(self, registry: CollectorRegistry) -> None:
-        Gauge(
+        """The routing gauges, set when the routing changes rather than computed at each
+        scrape: a pool of processes exposes the values its workers last stored, and its
+        lowest revision (or any lost source) is what matters."""
+        revision = Gauge(
             "slipway_gateway_routing_revision",
-            "Revision of the routing source's table this replica applies (0: no source).",
+            "Revision of the routing source's table this replica applies (0: no source; in "
+            "a pool of processes, the lowest any worker applies).",
+            multiprocess_mode="livemin",
             registry=registry,
-        ).set_function(lambda: self.revision)
-        Gauge(
+        )
+        source_up = Gauge(
             "slipway_gateway_routing_source_up",
             "1 while this replica's watch on its routing source is answered, 0 while it is "
             "not (it serves its last routing meanwhile); 1 without a source.",
+            multiprocess_mode="livemin",
             registry=registry,
-        ).set_function(lambda: 1 if self._source is None or self._source.connected else 0)
+        )
+
+        def publish() -> None:
+            revision.set(self.revision)
+            source_up.set(1 if self._source is None or self._source.connected else 0)
+
+        publish()
+        if self._source is not None:
+            self._source.on_change = publish
 
 
 def _changes(old: RoutingConfig, new: RoutingConfig) -> Mapping[str, ModelRouting | None]:

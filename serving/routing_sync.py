@@ -18,6 +18,7 @@ import os
 import random
 import socket
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,8 @@ class RoutingSubscriber:
         self._task: asyncio.Task[None] | None = None
         self.connected = False
         self.last_error: str | None = None
+        # Called after the applied table or ``connected`` changes (metrics follow it).
+        self.on_change: Callable[[], None] = lambda: None
 
     @property
     def table(self) -> RoutingTable:
@@ -89,6 +92,7 @@ class RoutingSubscriber:
         cached = await asyncio.to_thread(self._read_cache)
         if cached is not None:
             self._table = cached
+            self.on_change()
         self._session = aiohttp.ClientSession(headers=self._headers)
         self._task = asyncio.get_running_loop().create_task(self._watch())
         if cached is None:
@@ -176,6 +180,7 @@ class RoutingSubscriber:
         async with self._applied:
             self._table, self.connected, self.last_error = table, True, None
             self._applied.notify_all()
+        self.on_change()
 
     async def _lost(self, error: str) -> None:
         if error != self.last_error:  # log each distinct failure once, not every retry
@@ -187,6 +192,7 @@ class RoutingSubscriber:
         async with self._applied:
             self.connected, self.last_error = False, error
             self._applied.notify_all()
+        self.on_change()
 
     async def _call(self, method: str, path: str, *, timeout: float = 10.0, **kwargs: Any) -> Any:
         assert self._session is not None, "start() first"
