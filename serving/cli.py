@@ -80,6 +80,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Fraction of answered requests to log, chosen by request id, from 0 to 1. "
         "Default: 0 (off), or prediction_log.sample in the config.",
     )
+    serve.add_argument(
+        "--processes",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="Run N gateway processes sharing both ports (SO_REUSEPORT), for machines with "
+        "more cores than one Python process can use: one watcher of the model root for all, "
+        "one routing, /metrics adding up every process, labels reaching the process that "
+        "answered. Default: %(default)s.",
+    )
+    # A worker of a pool: where it shares state with its siblings and how it reaches the
+    # supervisor (set by the supervisor only).
+    serve.add_argument("--pool-dir", type=Path, help=argparse.SUPPRESS)
+    serve.add_argument("--pool-index", type=int, help=argparse.SUPPRESS)
+    serve.add_argument("--pool-status-fd", type=int, help=argparse.SUPPRESS)
     add_log_level(serve)
     serve.add_argument(
         "--advertise-url",
@@ -150,13 +165,23 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import asyncio
 
     from serving.config import load_config, with_prediction_log
-    from serving.server import GatewayServer, serve
 
-    configure_logging(args.log_level)
+    worker = None if args.pool_dir is None else f"worker {args.pool_index}"
+    configure_logging(args.log_level, worker)
     config = with_prediction_log(
         load_config(args.config), args.prediction_log_dir, args.prediction_log_sample
     )
@@ -166,14 +191,48 @@ def run_serve(args: argparse.Namespace) -> int:
                 update={"advertise_url": args.advertise_url or _own_url(args, config)}
             )}
         )  # fmt: skip
+    if args.processes > 1:
+        from serving.pool import PoolSettings, WorkerPool
+
+        settings = PoolSettings(
+            processes=args.processes,
+            model_root=args.model_root,
+            config=config,
+            host=args.host,
+            grpc_port=args.grpc_port,
+            rest_port=args.rest_port,
+            worker_args=_worker_args(args),
+        )
+        return asyncio.run(WorkerPool(settings).run())
+    from serving.pool_worker import PoolWorker
+    from serving.server import GatewayServer, serve
+
+    pool = None
+    if args.pool_dir is not None:
+        pool = PoolWorker(args.pool_dir, args.pool_index, args.pool_status_fd)
     server = GatewayServer(
         args.model_root,
         config,
         host=args.host,
         grpc_port=args.grpc_port,
         rest_port=args.rest_port,
+        pool=pool,
     )
     return asyncio.run(serve(server))
+
+
+def _worker_args(args: argparse.Namespace) -> list[str]:
+    """The options every worker of a pool is started with, as the operator gave them."""
+    options = {
+        "--config": args.config,
+        "--prediction-log-dir": args.prediction_log_dir,
+        "--prediction-log-sample": args.prediction_log_sample,
+        "--advertise-url": args.advertise_url,
+        "--log-level": args.log_level,
+    }
+    return [
+        part for name, value in options.items() if value is not None for part in (name, str(value))
+    ]
 
 
 def _own_url(args: argparse.Namespace, config: Any) -> str:
@@ -188,8 +247,8 @@ def __getattr__(name: str) -> Any:
     import TensorFlow, and ``slipway --help`` must stay instant."""
     if name == "USER_ERRORS":
         from contracts.yaml_config import ConfigError
+        from serving.errors import StartupError
         from serving.publish import PublishInputError
-        from serving.server import StartupError
 
         return (ConfigError, StartupError, PublishInputError)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -36,6 +36,11 @@ _HTTP_STATUS: dict[grpc.StatusCode, int] = {
 }
 
 
+class StartupError(RuntimeError):
+    """The gateway cannot start (missing model root, port in use, unreadable certificate):
+    the operator's to fix, never sent to a client."""
+
+
 class ServingError(Exception):
     """A failure with a status code a client can act on (retry, fix the request, …)."""
 

@@ -42,9 +42,11 @@ from serving.errors import (
 )
 from serving.example_inputs import examples_to_inputs
 from serving.feedback import FeedbackStore
+from serving.feedback_relay import FeedbackRelay
 from serving.health import Health
 from serving.inference_results import classes_from_outputs, values_from_outputs
 from serving.metrics import GatewayMetrics
+from serving.pool_worker import PoolWorker
 from serving.prediction_log import (
     FillLog,
     fill_classify,
@@ -154,8 +156,12 @@ class Gateway:
         *,
         metrics: GatewayMetrics | None = None,
         health: Health | None = None,
+        pool: PoolWorker | None = None,
     ) -> None:
-        self.config = config or GatewayConfig()
+        config = config or GatewayConfig()
+        self.config = config if pool is None else pool.gateway_config(config)
+        # A worker of a pool reads the disk when its supervisor says so (``sync_shared``).
+        self.pool = pool
         self.model_root = Path(model_root)
         # The ways the root may appear in a message, spelled out once, not per error.
         self._root_spellings = [(str(self.model_root), "<model root>")]
@@ -172,7 +178,7 @@ class Gateway:
             policies={name: self.config.policy_for(name) for name in self.config.models},
             default_policy=self.config.version_policy,
             strict=self.config.strict,
-            poll_interval=self.config.poll_interval_s,
+            poll_interval=self.config.poll_interval_s if pool is None else None,
             backend_factory=self._open_backend,
             unload_timeout=self.config.grace_period_s,
             pinned=self.routed_versions,
@@ -182,6 +188,9 @@ class Gateway:
             self.metrics,
             capacity=self.config.feedback.max_requests,
             ttl_s=self.config.feedback.ttl_s,
+        )
+        self._feedback_relay = (
+            None if pool is None else FeedbackRelay(self.feedback, pool.sibling_sockets)
         )
         self.prediction_log = open_prediction_log(self.config.prediction_log, self.metrics)
         # (model, version, signature, shadow): mirrored copies queue apart (``_batcher``).
@@ -197,6 +206,7 @@ class Gateway:
         self._draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loading: asyncio.Task[None] | None = None
+        self._loaded = asyncio.Event()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -214,12 +224,33 @@ class Gateway:
         await asyncio.to_thread(self.repository.wait_ready)
         heap.reclaim()  # before ready: the start-up's garbage goes, the rest is frozen
         await self._publish_health(loaded=True)
+        self._loaded.set()
         self._warn_when_nothing_serves()
         while True:  # keep retrying remote servers that were down
             await asyncio.sleep(self.config.poll_interval_s)
             for model in self.remote.failed():
                 if await self._connect(model):
                     await self._publish_health()
+
+    async def wait_loaded(self) -> None:
+        """Until the first load after ``start`` is done (whether or not a model serves)."""
+        await self._loaded.wait()
+
+    def sync_shared(self) -> None:
+        """Re-read what a pool's workers share, soon: the disk and the routing file (the
+        supervisor asks after one of them changed). Call on the event loop thread."""
+        self.repository.request_poll()
+        self._spawn(self._refresh_routing())
+
+    async def _refresh_routing(self) -> None:
+        try:
+            await self.routing.refresh()
+        except ServingError as exc:
+            logger.error("routing not re-read: %s", exc.message)
+
+    def _announce_change(self) -> None:
+        if self.pool is not None:
+            self.pool.announce_change()
 
     def _warn_when_nothing_serves(self) -> None:
         """After the first load: say so when no model can answer, naming the root."""
@@ -280,6 +311,8 @@ class Gateway:
             self.repository.remove_listener(self._on_version_change)
         await asyncio.to_thread(self.repository.stop)
         self.remote.close()
+        if self._feedback_relay is not None:
+            await self._feedback_relay.close()
         await self.routing.stop()
         if self.prediction_log is not None:
             await asyncio.to_thread(self.prediction_log.close)
@@ -806,6 +839,7 @@ class Gateway:
 
     async def set_routing(self, config: RoutingConfig) -> None:
         await self.routing.replace(config)
+        self._announce_change()
 
     async def set_model_routing(self, model: str, routing: ModelRouting | None) -> None:
         """Replace (or with None, remove) one model's routing."""
@@ -817,6 +851,7 @@ class Gateway:
         else:
             models[model] = routing
         await self.routing.replace(RoutingConfig(models=models))
+        self._announce_change()
 
     async def set_version_labels(self, labels: Mapping[str, Mapping[str, int]]) -> None:
         """TF Serving's ``version_labels``: set each listed model's labels (others keep
@@ -841,6 +876,7 @@ class Gateway:
             except ValueError as exc:
                 raise InvalidArgument(f"model {model!r}: {_first_error(exc)}") from None
         await self.routing.replace(RoutingConfig(models=models))
+        self._announce_change()
 
     def batching_config(self, model: str) -> BatchingConfig:
         if not self._known(model):
@@ -851,6 +887,11 @@ class Gateway:
         """Change a model's batching at run time (kept until restart)."""
         if not self._known(model):
             raise NotFound(f"model {model!r} not found")
+        if self.pool is not None:
+            raise FailedPrecondition(
+                "batching cannot change at run time in a pool of processes (--processes): "
+                "only the worker answering would apply it; set it in gateway.yaml"
+            )
         self._batching[model] = config
         for (name, _, _, shadow), batcher in self._batchers.items():
             if name == model:
@@ -863,6 +904,14 @@ class Gateway:
             await self._connect(model)
         await self.routing.refresh()
         await self._publish_health()
+        self._announce_change()
+
+    async def submit_feedback(self, model: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Count labels for answered requests (see ``serving.feedback``); in a pool, also
+        for the answers of the other workers."""
+        if self._feedback_relay is None:
+            return self.feedback.submit(model, body)
+        return await self._feedback_relay.submit(model, body)
 
 
 def _code_name(exc: BaseException) -> str:

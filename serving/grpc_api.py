@@ -371,7 +371,7 @@ class FeedbackService:
         if not isinstance(model, str) or not model:
             raise InvalidArgument("'model': expected the name of the model that answered")
         response = struct_pb2.Struct()
-        response.update(self._gateway.feedback.submit(model, body))
+        response.update(await self._gateway.submit_feedback(model, body))
         return response
 
     def handler(self) -> grpc.GenericRpcHandler:

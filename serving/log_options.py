@@ -21,7 +21,10 @@ def add_log_level(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, process: str | None = None) -> None:
+    """``process`` names which of several processes writing to one stream says what (a
+    pool's workers)."""
+    where = "" if process is None else f"[{process}] "
     logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=level.upper(), format=f"%(asctime)s %(levelname)s {where}%(name)s: %(message)s"
     )

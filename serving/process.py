@@ -44,9 +44,11 @@ class GatewayProcess:
         config: Path | None = None,
         env: dict[str, str] | None = None,
         log_path: Path | None = None,
+        processes: int = 1,
     ) -> None:
         self.model_root = model_root
         self.config = config
+        self.processes = processes
         self.grpc_port = free_port()
         self.rest_port = free_port()
         self.env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
@@ -71,6 +73,8 @@ class GatewayProcess:
         ]  # fmt: skip
         if self.config is not None:
             command += ["--config", str(self.config)]
+        if self.processes > 1:
+            command += ["--processes", str(self.processes)]
         return command
 
     def start(self, timeout: float = START_TIMEOUT_S) -> GatewayProcess:

@@ -619,7 +619,8 @@ class RestApi:
                 "feedback names the model only (POST /v1/models/{model}/feedback): the "
                 "request id says which version answered"
             )
-        return web.json_response(self._gateway.feedback.submit(model, await self._json(request)))
+        body = await self._json(request)
+        return web.json_response(await self._gateway.submit_feedback(model, body))
 
 
 def build_app(

@@ -4,6 +4,9 @@ Shutdown follows what a load balancer needs: on SIGTERM readiness turns false an
 health service reports NOT_SERVING, new requests are refused with UNAVAILABLE / 503 (the
 listeners stay open so clients get an answer, not a reset), queued and in-flight requests
 finish within the grace period, then the listeners close and the models unload.
+
+A worker of a pool (``serving.pool``) listens on ports its siblings share and only once its
+models are loaded: until then the kernel gives its connections to the others.
 """
 
 from __future__ import annotations
@@ -29,19 +32,18 @@ from tensorflow_serving.apis import (
 
 from serving.admin import AdminApi, AdminAuth
 from serving.config import GatewayConfig, ServerTLS
+from serving.errors import StartupError
+from serving.feedback_relay import sibling_app
 from serving.gateway import Gateway
 from serving.grpc_api import FeedbackService, ModelService, PredictionService
 from serving.health import Health
+from serving.pool_worker import PoolWorker
 from serving.rest_api import build_app
 
 logger = logging.getLogger(__name__)
 
 # Seconds the listeners get to finish answering after the drain (responses being written).
 CLOSE_GRACE_S = 1.0
-
-
-class StartupError(RuntimeError):
-    """The gateway cannot start (missing model root, port in use, unreadable certificate)."""
 
 
 def grpc_credentials(tls: ServerTLS) -> grpc.ServerCredentials:
@@ -154,8 +156,10 @@ class GatewayServer:
         host: str = "0.0.0.0",
         grpc_port: int = 8500,
         rest_port: int = 8501,
+        pool: PoolWorker | None = None,
     ) -> None:
         self.config = config or GatewayConfig()
+        self.pool = pool
         self.model_root = Path(model_root)
         self.host = host
         self.grpc_port = grpc_port
@@ -163,19 +167,29 @@ class GatewayServer:
         self.gateway: Gateway | None = None
         self._grpc: grpc.aio.Server | None = None
         self._rest: web.AppRunner | None = None
+        self._siblings: web.AppRunner | None = None
 
     async def start(self) -> None:
-        """Bind both listeners, then start loading models (``/readyz`` says when done)."""
+        """Bind both listeners, then start loading models (``/readyz`` says when done); a
+        worker of a pool loads first, then binds."""
         if not self.model_root.is_dir():
             raise StartupError(f"--model-root {self.model_root}: not a directory")
         if self.config.tls is not None:
             check_server_tls(self.config.tls)
         auth = AdminAuth(self.config.admin_token())
-        self.gateway = Gateway(self.model_root, self.config, health=Health())
+        self.gateway = Gateway(self.model_root, self.config, health=Health(), pool=self.pool)
         try:
-            await self._start_grpc(self.gateway, auth)
-            await self._start_rest(self.gateway, auth)
-            await self.gateway.start()
+            if self.pool is None:
+                await self._start_grpc(self.gateway, auth)
+                await self._start_rest(self.gateway, auth)
+                await self.gateway.start()
+            else:
+                await self.gateway.start()
+                await self.gateway.wait_loaded()
+                await self._start_grpc(self.gateway, auth)
+                await self._start_rest(self.gateway, auth)
+                await self._start_sibling_socket(self.pool, self.gateway)
+                self.pool.announce_ready()
         except BaseException:
             await self.close()
             raise
@@ -191,8 +205,9 @@ class GatewayServer:
             options=[
                 ("grpc.max_receive_message_length", size),
                 ("grpc.max_send_message_length", size),
-                # Two gateways must not share a port silently.
-                ("grpc.so_reuseport", 0),
+                # Two gateways must not share a port silently; a pool's workers do (its
+                # supervisor holds the ports so that nothing else can).
+                ("grpc.so_reuseport", int(self.pool is not None)),
             ]
         )
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
@@ -233,7 +248,9 @@ class GatewayServer:
         await runner.setup()
         self._rest = runner
         tls = ssl_context(self.config.tls) if self.config.tls is not None else None
-        site = web.TCPSite(runner, self.host, self.rest_port, ssl_context=tls, reuse_port=False)
+        site = web.TCPSite(
+            runner, self.host, self.rest_port, ssl_context=tls, reuse_port=self.pool is not None
+        )
         try:
             await site.start()
         except OSError as exc:
@@ -241,6 +258,19 @@ class GatewayServer:
                 f"REST: cannot listen on {self.host}:{self.rest_port}: {exc}"
             ) from None
         self.rest_port = runner.addresses[0][1]
+
+    async def _start_sibling_socket(self, pool: PoolWorker, gateway: Gateway) -> None:
+        """Where the pool's other workers ask this one about its answers (labels)."""
+        runner = web.AppRunner(sibling_app(gateway.feedback), access_log=None, handle_signals=False)
+        await runner.setup()
+        self._siblings = runner
+        pool.socket_path.parent.mkdir(parents=True, exist_ok=True)
+        pool.socket_path.unlink(missing_ok=True)  # a dead predecessor's
+        await web.UnixSite(runner, str(pool.socket_path)).start()
+
+    def sync_shared(self) -> None:
+        if self.gateway is not None:
+            self.gateway.sync_shared()
 
     async def shutdown(self) -> bool:
         """Drain within the grace period, then close; False if requests had to be cut."""
@@ -258,9 +288,10 @@ class GatewayServer:
         if self._grpc is not None:
             await self._grpc.stop(CLOSE_GRACE_S)
             self._grpc = None
-        if self._rest is not None:
-            await self._rest.cleanup()
-            self._rest = None
+        for runner in (self._rest, self._siblings):
+            if runner is not None:
+                await runner.cleanup()
+        self._rest = self._siblings = None
         if self.gateway is not None:
             await self.gateway.stop()
 
@@ -271,6 +302,8 @@ async def serve(server: GatewayServer) -> int:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    if server.pool is not None:  # the supervisor saw the disk or the routing change
+        loop.add_signal_handler(signal.SIGHUP, server.sync_shared)
     await server.start()
     await stop.wait()
     logger.info("shutting down: draining requests for up to %.1f s", server.config.grace_period_s)
