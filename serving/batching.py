@@ -25,10 +25,22 @@ independently:
   whose size merely happens to equal a padded input length is cut too, so models whose
   outputs depend on padding should not enable ``pad_variable_length``.
 
-Deadlines are absolute ``time.monotonic()`` values. A request whose deadline passes while it
-waits is removed from its batch and fails with ``DeadlineExceeded``; one whose caller gives up
-(``asyncio.CancelledError``) is removed too, so the model never runs rows nobody waits for.
-A batch whose execution raises fails only its own requests; the batcher keeps working.
+Deadlines are absolute ``time.monotonic()`` values, and they shape the queue:
+
+* A batch is cut before its window closes when a member's deadline needs it to run sooner:
+  by its latest start, the deadline less the batch's measured execution time (a moving
+  average per power-of-two batch size) and a tenth of the request's whole budget as a
+  margin. A request never waits for a window its deadline cannot afford.
+* A request joins the open batch only if the batch, grown by its rows, can still start in
+  time for its most urgent member; otherwise that batch is cut and the request opens the
+  next. Batches are as large as the deadlines in them allow.
+* Batches waiting for a thread run most urgent first (earliest latest start; batches
+  without deadlines after, in arrival order).
+
+A request whose deadline passes while it waits is removed from its batch and fails with
+``DeadlineExceeded``; one whose caller gives up (``asyncio.CancelledError``) is removed too,
+so the model never runs rows nobody waits for. A batch whose execution raises fails only its
+own requests; the batcher keeps working.
 """
 
 from __future__ import annotations
@@ -52,6 +64,12 @@ from serving.signature import Tensors
 logger = logging.getLogger(__name__)
 
 RunFn = Callable[[Tensors], Tensors]
+
+# The share of a request's time budget (deadline less arrival) kept as a margin when its
+# deadline decides when its batch must start.
+DEADLINE_MARGIN = 0.1
+# Weight of the newest execution in the moving average of a batch size's cost.
+COST_SMOOTHING = 0.2
 
 
 class BatchingConfig(BaseModel):
@@ -249,6 +267,33 @@ def _shape_key(inputs: Tensors, pad_variable_length: bool) -> Hashable:
 # --------------------------------------------------------------------------- scheduling
 
 
+class ExecutionCost:
+    """Measured execution seconds by batch size: a moving average per power-of-two size
+    class. A size not measured yet is priced from the nearest measured class, scaled up
+    in proportion to the rows when larger (a batch costs at most linearly more) and
+    taken as is when smaller; with nothing measured, execution is taken as free."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[int, float] = {}
+
+    def observe(self, rows: int, seconds: float) -> None:
+        size_class = max(rows, 1).bit_length()
+        previous = self._seconds.get(size_class)
+        self._seconds[size_class] = (
+            seconds if previous is None else previous + COST_SMOOTHING * (seconds - previous)
+        )
+
+    def expected(self, rows: int) -> float:
+        size_class = max(rows, 1).bit_length()
+        known = self._seconds.get(size_class)
+        if known is not None:
+            return known
+        if not self._seconds:
+            return 0.0
+        nearest = min(self._seconds, key=lambda measured: abs(measured - size_class))
+        return self._seconds[nearest] * 2.0 ** max(0, size_class - nearest)
+
+
 @dataclass(eq=False)
 class _Task:
     """Rows of one request in one batch (a split request has several tasks)."""
@@ -260,6 +305,13 @@ class _Task:
     enqueued_at: float
     batch: _Batch | None = None  # the batch holding the task until the batch starts
 
+    @property
+    def finish_by(self) -> float | None:
+        """When its batch must be done: the deadline less the margin of its budget."""
+        if self.deadline is None:
+            return None
+        return self.deadline - DEADLINE_MARGIN * (self.deadline - self.enqueued_at)
+
 
 @dataclass(eq=False)
 class _Batch:
@@ -269,6 +321,8 @@ class _Batch:
     tasks: list[_Task] = field(default_factory=list)
     rows: int = 0
     timer: asyncio.TimerHandle | None = None
+    cut_at: float = math.inf  # when the timer fires, in the batcher's clock
+    finish_by: float = math.inf  # the most urgent member's (see _Task.finish_by)
     due: bool = False  # timed out while every thread was busy: runs on the next free thread
 
 
@@ -296,6 +350,7 @@ class Batcher:
         self._open: dict[Hashable, _Batch] = {}
         self._ready: deque[_Batch] = deque()
         self._running = 0
+        self.cost = ExecutionCost()
         self._executions: set[asyncio.Task[None]] = set()
         self._closing = False
         self._reported_depth = 0
@@ -398,6 +453,8 @@ class Batcher:
             batch = _Batch(
                 key=None, limit=task.rows, allowed_sizes=(), tasks=[task], rows=task.rows
             )
+            if task.finish_by is not None:
+                batch.finish_by = task.finish_by
             task.batch = batch
             self._ready.append(batch)
             self._dispatch()
@@ -405,6 +462,9 @@ class Batcher:
 
         key = _shape_key(inputs, config.pad_variable_length)
         current = self._open.get(key)
+        if current is not None and not self._in_time_with(current, rows, deadline, now):
+            self._cut(current)
+            current = None
         first = min(rows, current.limit - current.rows) if current is not None else 0
         new_batches = math.ceil((rows - first) / config.max_batch_size)
         if self.queue_depth + new_batches > config.max_enqueued_batches:
@@ -427,18 +487,44 @@ class Batcher:
         self._report_depth()
         return tasks
 
+    def _in_time_with(
+        self, batch: _Batch, rows: int, deadline: float | None, now: float
+    ) -> bool:
+        """Whether ``batch``, grown by up to ``rows`` rows of a request arriving ``now``,
+        could still finish in time for its most urgent member if it started at once. A
+        batch that is already late by itself takes the rows: cutting it would not help."""
+        finish_by = batch.finish_by
+        if deadline is not None:
+            finish_by = min(finish_by, deadline - DEADLINE_MARGIN * (deadline - now))
+        if finish_by == math.inf:
+            return True
+        grown = batch.rows + min(rows, batch.limit - batch.rows)
+        alone_in_time = now + self.cost.expected(batch.rows) <= finish_by
+        return not alone_in_time or now + self.cost.expected(grown) <= finish_by
+
     def _add(self, task: _Task, key: Hashable, loop: asyncio.AbstractEventLoop) -> None:
         batch = self._open.get(key)
         if batch is None:
             config = self._config
             batch = _Batch(key, config.max_batch_size, tuple(config.allowed_batch_sizes or ()))
-            batch.timer = loop.call_later(config.batch_timeout_micros / 1e6, self._timed_out, batch)
+            batch.cut_at = task.enqueued_at + config.batch_timeout_micros / 1e6
             self._open[key] = batch
         batch.tasks.append(task)
         batch.rows += task.rows
         task.batch = batch
+        if task.finish_by is not None:
+            batch.finish_by = min(batch.finish_by, task.finish_by)
         if batch.rows >= batch.limit:
             self._cut(batch)
+            return
+        cut_at = min(batch.cut_at, batch.finish_by - self.cost.expected(batch.rows))
+        if batch.timer is None or cut_at < batch.cut_at:
+            # The window closes, or sooner the most urgent member's latest start.
+            if batch.timer is not None:
+                batch.timer.cancel()
+            batch.cut_at = cut_at
+            delay = max(0.0, cut_at - self._clock())
+            batch.timer = loop.call_later(delay, self._timed_out, batch)
 
     def _timed_out(self, batch: _Batch) -> None:
         """A batch's window closed. If no thread could run it now, it stays open and keeps
@@ -515,7 +601,7 @@ class Batcher:
                 if batch.tasks:
                     self._ready.append(batch)
         while self._ready and self._running < self._config.num_batch_threads:
-            batch = self._ready.popleft()
+            batch = self._most_urgent_ready()
             self._expire(batch)
             if not batch.tasks:
                 continue
@@ -536,6 +622,13 @@ class Batcher:
             execution.add_done_callback(self._executions.discard)
         self._report_depth()
 
+    def _most_urgent_ready(self) -> _Batch:
+        """The ready batch whose most urgent member must finish first (arrival order
+        among equals, and for batches without deadlines)."""
+        batch = min(self._ready, key=lambda ready: ready.finish_by)
+        self._ready.remove(batch)
+        return batch
+
     async def _finish(self, tasks: list[_Task], started: float, running: asyncio.Future) -> None:
         """Hand a batch's results (or its failure) to its requests, then start the next."""
         try:
@@ -553,6 +646,7 @@ class Batcher:
             for task, part in zip(tasks, parts, strict=True):
                 if not task.future.done():
                     task.future.set_result(part)
+            self.cost.observe(padded_rows, elapsed)
             self._observe(tasks, started, padded_rows, elapsed)
         finally:
             self._running -= 1

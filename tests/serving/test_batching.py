@@ -14,7 +14,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from serving.batching import Batcher, BatchingConfig, merge_inputs, split_outputs
+from serving.batching import (
+    Batcher,
+    BatchingConfig,
+    ExecutionCost,
+    merge_inputs,
+    split_outputs,
+)
 from serving.errors import DeadlineExceeded, Internal, NotFound, Unavailable
 
 LONG_TIMEOUT_MICROS = 30_000_000  # a batch never times out during a test
@@ -208,19 +214,86 @@ def test_an_expired_request_fails_and_never_reaches_the_model() -> None:
 
 
 def test_an_expired_request_leaves_its_open_batch() -> None:
-    model = Model()
+    model = Model(hold=True)
 
     async def body() -> None:
-        batcher = Batcher(model, config(max_batch_size=8, batch_timeout_micros=150_000))
+        batcher = Batcher(model, config(max_batch_size=8, batch_timeout_micros=1000))
+        busy = asyncio.create_task(batcher.submit(rows(9)))
+        await model.entered()  # the only thread is busy until the expired request is gone
         patient = asyncio.create_task(batcher.submit(rows(1)))
         with pytest.raises(DeadlineExceeded):
-            await batcher.submit(rows(70), deadline=time.monotonic() + 0.01)
+            await batcher.submit(rows(70), deadline=time.monotonic() + 0.05)
+        model.release()
         assert_outputs(await patient, rows(1))
+        await busy
         await batcher.close()
 
     run(body())
-    assert [len(batch) for batch in model.batches] == [1]
+    assert [batch[:, 0].tolist() for batch in model.batches] == [[9], [1]]
     assert 70 not in model.rows_seen()
+
+
+def test_a_deadline_cuts_its_batch_when_it_must_start_not_when_the_window_closes() -> None:
+    model = Model()
+
+    async def body() -> None:
+        batcher = Batcher(model, config(max_batch_size=8, batch_timeout_micros=LONG_TIMEOUT_MICROS))
+        # A batch of one is known to take 17.9 s: a request with 20 s to go (18 s less the
+        # margin) must start within 0.1 s, not wait for the 30 s window.
+        batcher.cost.observe(1, 17.9)
+        outputs = await batcher.submit(rows(5), deadline=time.monotonic() + 20)
+        assert_outputs(outputs, rows(5))
+        await batcher.close()
+
+    run(body(), timeout=15)
+
+
+def test_a_request_that_would_make_the_batch_late_opens_the_next_one() -> None:
+    model = Model()
+
+    async def body() -> None:
+        batcher = Batcher(model, config(max_batch_size=8, batch_timeout_micros=LONG_TIMEOUT_MICROS))
+        batcher.cost.observe(1, 10.0)  # one row: 10 s; three or four rows: priced at 20 s
+        deadline = time.monotonic() + 20  # 18 s to finish: one row fits, four would not
+        urgent = asyncio.create_task(batcher.submit(rows(1), deadline=deadline))
+        await asyncio.sleep(0)  # queued first
+        later = asyncio.create_task(batcher.submit(rows(2, 3, 4), deadline=deadline))
+        assert_outputs(await urgent, rows(1))
+        assert_outputs(await later, rows(2, 3, 4))
+        await batcher.close()
+
+    run(body(), timeout=15)
+    assert [batch[:, 0].tolist() for batch in model.batches] == [[1], [2, 3, 4]]
+
+
+def test_waiting_batches_run_most_urgent_first() -> None:
+    model, observer = Model(hold=True), Observer()
+
+    async def body() -> None:
+        batcher = Batcher(model, config(max_batch_size=1), observer=observer)
+        now = time.monotonic()
+        busy = asyncio.create_task(batcher.submit(rows(1)))
+        await model.entered()
+        relaxed = asyncio.create_task(batcher.submit(rows(2), deadline=now + 60))
+        no_deadline = asyncio.create_task(batcher.submit(rows(3)))
+        urgent = asyncio.create_task(batcher.submit(rows(4), deadline=now + 30))
+        await observer.until_depth(batcher, 3)
+        model.release()
+        await asyncio.gather(busy, relaxed, no_deadline, urgent)
+        await batcher.close()
+
+    run(body())
+    assert [batch[0, 0] for batch in model.batches] == [1, 4, 2, 3]
+
+
+def test_execution_cost_is_averaged_per_size_class_and_priced_up_for_larger_batches() -> None:
+    cost = ExecutionCost()
+    assert cost.expected(8) == 0.0  # nothing measured: no reason to cut early
+    cost.observe(4, 1.0)
+    cost.observe(5, 2.0)  # 4 to 7 rows share a class: a moving average
+    assert cost.expected(6) == pytest.approx(1.2)
+    assert cost.expected(2) == pytest.approx(1.2)  # smaller: at most as dear
+    assert cost.expected(16) == pytest.approx(4.8)  # two classes up: four times
 
 
 class FakeClock:
