@@ -487,9 +487,7 @@ class Batcher:
         self._report_depth()
         return tasks
 
-    def _in_time_with(
-        self, batch: _Batch, rows: int, deadline: float | None, now: float
-    ) -> bool:
+    def _in_time_with(self, batch: _Batch, rows: int, deadline: float | None, now: float) -> bool:
         """Whether ``batch``, grown by up to ``rows`` rows of a request arriving ``now``,
         could still finish in time for its most urgent member if it started at once. A
         batch that is already late by itself takes the rows: cutting it would not help."""
