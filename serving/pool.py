@@ -19,6 +19,9 @@ processes one gateway:
   every worker's series (``serving.metrics``).
 - **Labels.** A label for an answer another worker gave is relayed to it
   (``serving.feedback_relay``).
+- **Cores.** Each worker's TensorFlow gets its share of the cores for its thread pools
+  (``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS``, unless the operator set them):
+  N workers each sized for the whole machine oversubscribe it, and the tail shows it.
 - **Lifecycle.** A worker loads its models before it listens. SIGTERM reaches every
   worker, and each drains as a gateway alone does; a worker that dies is replaced; one
   that cannot start stops the pool with its exit code. Workers die with the supervisor.
@@ -55,6 +58,8 @@ RESTART_DELAY_S = 1.0
 # Beyond the grace period: time for listeners to close and models to unload.
 STOP_MARGIN_S = 15.0
 _PR_SET_PDEATHSIG = 1
+# TensorFlow reads its thread pools' sizes from these when its runtime starts.
+TENSORFLOW_THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 
 
 @dataclass(frozen=True)
@@ -151,7 +156,11 @@ class WorkerPool:
     async def _start_worker(self, index: int) -> None:
         assert self._directory is not None
         read_fd, write_fd = os.pipe()
-        env = {**os.environ, MULTIPROCESS_DIR_ENV: str(self._directory / METRICS_DIR)}
+        env = {
+            **os.environ,
+            **tensorflow_threads(self.settings.processes),
+            MULTIPROCESS_DIR_ENV: str(self._directory / METRICS_DIR),
+        }
         try:
             process = await asyncio.create_subprocess_exec(
                 *self._command(index, write_fd),
@@ -268,6 +277,13 @@ class WorkerPool:
                 await worker.process.wait()
             if worker.monitor is not None:
                 await worker.monitor
+
+
+def tensorflow_threads(processes: int) -> dict[str, str]:
+    """Each worker's TensorFlow thread pools: its share of the cores this process may use,
+    or what the operator's environment already says."""
+    share = str(max(1, len(os.sched_getaffinity(0)) // processes))
+    return {name: os.environ.get(name, share) for name in TENSORFLOW_THREAD_VARIABLES}
 
 
 def hold_port(host: str, port: int, name: str) -> socket.socket:

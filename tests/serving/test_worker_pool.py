@@ -29,6 +29,7 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
+from serving.pool import TENSORFLOW_THREAD_VARIABLES, tensorflow_threads
 from serving.process import GatewayProcess, free_port
 from tests.ops.prometheus_process import poll
 from tests.serving import model_factory
@@ -316,3 +317,15 @@ def test_a_worker_that_cannot_start_stops_the_pool_with_its_code(tmp_path: Path)
         process.start()
     assert "cannot read" in process.output()
     assert "before it was ready: stopping" in process.output()
+
+
+def test_each_worker_gets_its_share_of_the_cores_unless_the_operator_chose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cores = len(os.sched_getaffinity(0))
+    for name in TENSORFLOW_THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert tensorflow_threads(1) == dict.fromkeys(TENSORFLOW_THREAD_VARIABLES, str(cores))
+    assert tensorflow_threads(cores * 4) == dict.fromkeys(TENSORFLOW_THREAD_VARIABLES, "1")
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "7")
+    assert tensorflow_threads(2)["TF_NUM_INTRAOP_THREADS"] == "7"
