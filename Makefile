@@ -12,6 +12,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE = 1
 
 .PHONY: install prometheus nginx image test demo bench lint clean
+.PHONY: peers
 
 install: $(STAMP)
 
@@ -34,6 +35,20 @@ nginx:
 	@command -v nginx >/dev/null 2>&1 \
 		|| { SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
 		     $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nginx; }
+
+# Optional: MLServer and Ray Serve for benchmarks.serving_peers, in a venv of their own
+# (their pins clash with the project's). Only the `peers` extra is installed there.
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+
+peers: $(PEERS_STAMP)
+
+$(PEERS_STAMP): pyproject.toml
+	@test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -c "import tomllib; print('\\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['peers']))" > $(PEERS_VENV)/requirements.txt
+	$(PEERS_VENV)/bin/python -m pip install --quiet -r $(PEERS_VENV)/requirements.txt
+	@touch $(PEERS_STAMP)
 
 # The image the Kubernetes manifests in ops/deploy run.
 image:

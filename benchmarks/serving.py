@@ -127,7 +127,8 @@ def _wait_http_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> N
     raise RuntimeError(f"server not ready after {START_TIMEOUT_S}s:\n{log.read_text()[-4000:]}")
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (servers drain), then a kill if it has not exited within a minute."""
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:
@@ -155,26 +156,7 @@ def gateway(
     log = workdir / f"{name}.log"
     with log.open("wb") as output:
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "slipway",
-                "serve",
-                "--model-root",
-                str(model_root),
-                "--host",
-                "127.0.0.1",
-                "--grpc-port",
-                str(grpc_port),
-                "--rest-port",
-                str(rest_port),
-                "--config",
-                str(config_path),
-                "--log-level",
-                "warning",
-                "--processes",
-                str(processes),
-            ],  # fmt: skip
+            serve_command(model_root, config_path, grpc_port, rest_port, processes),
             cwd=REPO_ROOT,
             stdout=output,
             stderr=subprocess.STDOUT,
@@ -184,7 +166,18 @@ def gateway(
             with flame_graph(process.pid, profile):
                 yield f"127.0.0.1:{grpc_port}"
         finally:
-            _stop(process)
+            stop_process(process)
+
+
+def serve_command(
+    model_root: Path, config: Path, grpc_port: int, rest_port: int, processes: int = 1
+) -> list[str]:
+    """``slipway serve`` as the benchmarks start it: loopback only, warnings only."""
+    return [
+        sys.executable, "-m", "slipway", "serve", "--model-root", str(model_root),
+        "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--rest-port", str(rest_port),
+        "--config", str(config), "--log-level", "warning", "--processes", str(processes),
+    ]  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -227,7 +220,7 @@ def null_server(workdir: Path) -> Iterator[str]:
             _wait_http_ready(f"http://127.0.0.1:{health_port}/", process, log)
             yield f"127.0.0.1:{port}"
         finally:
-            _stop(process)
+            stop_process(process)
 
 
 def freeze_heap() -> None:
@@ -520,6 +513,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"record a py-spy flame graph of the batched gateway under load ({PROFILE_FILE} "
         "beside the JSON results; py-spy is in the dev extra)",
     )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="instead, compare the gateway with MLServer and Ray Serve (benchmarks."
+        "serving_peers; needs `make peers`), written to serving-peers.json",
+    )
     parser.add_argument("--load", metavar="TARGET", help=argparse.SUPPRESS)
     parser.add_argument("--clients", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=3.0, help=argparse.SUPPRESS)
@@ -534,6 +533,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.null_server:
         asyncio.run(run_null_server(args.null_server, args.health_port))
         return 0
+    if args.peers:
+        from benchmarks import serving_peers
+
+        return serving_peers.main(["--quick"] if args.quick else [])
     run(args.quick, args.output, args.profile)
     return 0
 
