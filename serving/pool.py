@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -166,7 +167,7 @@ class WorkerPool:
                 *self._command(index, write_fd),
                 env=env,
                 pass_fds=(write_fd,),
-                preexec_fn=_die_with_parent,
+                preexec_fn=functools.partial(_die_with, os.getpid()),
                 start_new_session=True,  # a terminal's Ctrl-C reaches the supervisor only
             )
         finally:
@@ -310,7 +311,10 @@ def _signal(worker: _Worker, signum: int) -> None:
         worker.process.send_signal(signum)
 
 
-def _die_with_parent() -> None:
-    """In the worker, before exec: SIGTERM when the supervisor dies, even by SIGKILL, so
-    that no worker outlives it holding the ports."""
+def _die_with(supervisor: int) -> None:
+    """In the worker, before exec: SIGTERM (a drain) when the supervisor dies, even by
+    SIGKILL, so that no worker outlives it holding the ports; and an exit now if it died
+    before this could be asked."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != supervisor:
+        os._exit(1)

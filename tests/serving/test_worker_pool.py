@@ -329,3 +329,23 @@ def test_each_worker_gets_its_share_of_the_cores_unless_the_operator_chose(
     assert tensorflow_threads(cores * 4) == dict.fromkeys(TENSORFLOW_THREAD_VARIABLES, "1")
     monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "7")
     assert tensorflow_threads(2)["TF_NUM_INTRAOP_THREADS"] == "7"
+
+
+def test_workers_drain_and_end_when_the_supervisor_is_killed(tmp_path: Path) -> None:
+    model_factory.publish(tmp_path / "models", 1)
+    process = GatewayProcess(tmp_path / "models", processes=2)
+    with process:
+        poll(lambda: "pool of 2 workers serving" in process.output(), WAIT_S, "both workers")
+        workers = worker_pids(process)
+        process.kill()  # SIGKILL: no chance to stop its workers itself
+
+        def gone(pid: int) -> bool:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+            except FileNotFoundError:
+                return True
+            return state == "Z"  # exited, not yet reaped by init
+
+        poll(lambda: all(gone(pid) for pid in workers), WAIT_S, "the workers to exit")
+        with socket.socket() as probe:  # nobody holds the port any more
+            probe.bind(("127.0.0.1", process.grpc_port))
