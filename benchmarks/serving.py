@@ -271,16 +271,22 @@ async def run_null_server(port: int, health_port: int) -> None:
 
 
 def measure(target: str, clients: int, sizes: Sizes) -> dict[str, Any]:
-    """Run the load generator in its own process and return its figures."""
+    """Run the gRPC load generator in its own process and return its figures."""
+    return run_load_generator(
+        "benchmarks.serving", ["--load", target, "--clients", str(clients)], sizes
+    )
+
+
+def run_load_generator(module: str, arguments: list[str], sizes: Sizes) -> dict[str, Any]:
+    """``python -m module ARGUMENTS --seconds S --warmup W`` in its own process, so that
+    the load never shares an interpreter with what it measures; its figures (the last line
+    it prints, JSON)."""
     result = subprocess.run(
         [
             sys.executable,
             "-m",
-            "benchmarks.serving",
-            "--load",
-            target,
-            "--clients",
-            str(clients),
+            module,
+            *arguments,
             "--seconds",
             str(sizes.seconds),
             "--warmup",
@@ -293,7 +299,7 @@ def measure(target: str, clients: int, sizes: Sizes) -> dict[str, Any]:
         check=False,
     )
     if result.returncode != 0:
-        raise RuntimeError(f"load generator failed:\n{result.stderr[-4000:]}")
+        raise RuntimeError(f"load generator {module} failed:\n{result.stderr[-4000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -334,6 +340,13 @@ async def generate_load(target: str, clients: int, seconds: float, warmup: float
         await asyncio.gather(*(caller(stubs[i % len(stubs)]) for i in range(clients)))
     finally:
         await asyncio.gather(*(channel.close() for channel in channels))
+    return load_figures(clients, seconds, latencies, errors)
+
+
+def load_figures(
+    clients: int, seconds: float, latencies: list[float], errors: dict[str, int]
+) -> dict[str, Any]:
+    """What a load generator reports: throughput and latency percentiles in ms."""
     ordered = np.sort(np.array(latencies)) * 1000
     return {
         "clients": clients,

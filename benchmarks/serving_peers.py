@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,9 +59,11 @@ from benchmarks.serving import (
     WIDTH,
     Sizes,
     freeze_heap,
+    load_figures,
     measure,
     publish_model,
     request_row,
+    run_load_generator,
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -167,22 +168,8 @@ def check_agreement(servers: Mapping[str, Server]) -> dict[str, Any]:
 
 def measure_rest(url: str, protocol: str, clients: int, sizes: Sizes) -> dict[str, Any]:
     """Run the REST load generator in its own process and return its figures."""
-    command = [
-        sys.executable, "-m", "benchmarks.serving_peers", "--load-rest", url,
-        "--protocol", protocol, "--clients", str(clients),
-        "--seconds", str(sizes.seconds), "--warmup", str(sizes.warmup_seconds),
-    ]  # fmt: skip
-    result = subprocess.run(
-        command,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=sizes.seconds + sizes.warmup_seconds + 120,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"REST load generator failed:\n{result.stderr[-4000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    arguments = ["--load-rest", url, "--protocol", protocol, "--clients", str(clients)]
+    return run_load_generator("benchmarks.serving_peers", arguments, sizes)
 
 
 async def generate_rest_load(
@@ -223,17 +210,8 @@ async def generate_rest_load(
 
         await asyncio.gather(*(caller() for _ in range(clients)))
         cpu_percent = 100 * (time.process_time() - cpu_started) / (time.monotonic() - started)
-    ordered = np.sort(np.array(latencies)) * 1000
-    return {
-        "clients": clients,
-        "seconds": seconds,
-        "requests": len(latencies),
-        "errors": errors,
-        "qps": round(len(latencies) / seconds, 1),
-        "p50_ms": round(float(np.percentile(ordered, 50)), 3) if len(ordered) else None,
-        "p99_ms": round(float(np.percentile(ordered, 99)), 3) if len(ordered) else None,
-        "generator_cpu_percent": round(cpu_percent, 1),
-    }
+    figures = load_figures(clients, seconds, latencies, errors)
+    return {**figures, "generator_cpu_percent": round(cpu_percent, 1)}
 
 
 # --- the benchmark --------------------------------------------------------------------------

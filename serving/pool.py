@@ -191,7 +191,7 @@ class WorkerPool:
             logger.error(
                 "worker %d exited with %d before it was ready: stopping", worker.index, code
             )
-            self._failure = code or 1
+            self._failure = code if code > 0 else 1  # a signal is no exit code
             self._stop.set()
             return
         logger.error("worker %d (pid %d) exited with %d: replacing it", worker.index,
