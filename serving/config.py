@@ -129,6 +129,24 @@ class FeedbackConfig(_Section):
     ttl_s: float = Field(default=3600.0, gt=0)
 
 
+class PoolConfig(_Section):
+    """How the supervisor of ``slipway serve --processes N`` checks that its workers live
+    (see serving.pool): every ``probe_interval_s`` it asks each one on its private socket;
+    one that has not answered for ``unresponsive_after_s`` (a stuck event loop, a process
+    stopped) is killed and replaced."""
+
+    probe_interval_s: float = Field(default=5.0, gt=0)
+    unresponsive_after_s: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _several_probes(self) -> PoolConfig:
+        if self.unresponsive_after_s < 2 * self.probe_interval_s:
+            raise ValueError(
+                "unresponsive_after_s must allow at least two probes (2 x probe_interval_s)"
+            )
+        return self
+
+
 class GatewayConfig(_Section):
     """Everything ``slipway serve --config`` reads. An empty file is a valid config."""
 
@@ -149,6 +167,7 @@ class GatewayConfig(_Section):
     grace_period_s: float = Field(default=20.0, ge=0)
     prediction_log: PredictionLogConfig = PredictionLogConfig()
     feedback: FeedbackConfig = FeedbackConfig()
+    pool: PoolConfig = PoolConfig()
 
     @model_validator(mode="after")
     def _one_routing_origin(self) -> GatewayConfig:

@@ -91,9 +91,9 @@ class FeedbackRelay:
         await asyncio.gather(*(session.close() for session in sessions))
 
 
-def sibling_app(store: FeedbackStore) -> web.Application:
-    """What a worker answers its siblings: labels counted against its own answers only
-    (never relayed again, so a question cannot go round the pool)."""
+def sibling_route(store: FeedbackStore) -> web.RouteDef:
+    """What a worker answers its siblings, on its private socket: labels counted against
+    its own answers only (never relayed again, so a question cannot go round the pool)."""
 
     async def feedback(request: web.Request) -> web.Response:
         try:
@@ -102,6 +102,4 @@ def sibling_app(store: FeedbackStore) -> web.Application:
             return web.json_response({"error": exc.message, "code": exc.code.name})
         return web.json_response({"answer": answer})
 
-    app = web.Application()
-    app.router.add_post("/feedback/{model}", feedback)
-    return app
+    return web.post("/feedback/{model}", feedback)

@@ -25,6 +25,11 @@ processes one gateway:
 - **Lifecycle.** A worker loads its models before it listens. SIGTERM reaches every
   worker, and each drains as a gateway alone does; a worker that dies is replaced; one
   that cannot start stops the pool with its exit code. Workers die with the supervisor.
+- **Liveness.** A worker whose event loop stops turning (stuck, or the process stopped)
+  keeps its listening sockets, and the kernel keeps handing it connections it will never
+  answer. The supervisor asks each worker on its private socket every
+  ``pool.probe_interval_s`` and kills one silent for ``pool.unresponsive_after_s``; it is
+  then replaced like any worker that died.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +54,14 @@ from prometheus_client import multiprocess
 from serving.config import GatewayConfig
 from serving.errors import StartupError
 from serving.metrics import MULTIPROCESS_DIR_ENV
-from serving.pool_worker import CHANGED, METRICS_DIR, READY, pool_routing_file
+from serving.pool_worker import (
+    ALIVE_PATH,
+    CHANGED,
+    METRICS_DIR,
+    READY,
+    pool_routing_file,
+    private_socket,
+)
 from serving.repository import disk_fingerprint, path_identity
 
 logger = logging.getLogger(__name__)
@@ -83,6 +96,7 @@ class _Worker:
     process: asyncio.subprocess.Process
     ready: bool = False
     monitor: asyncio.Task[None] | None = None
+    answered_at: float = 0.0  # the last liveness answer (time.monotonic)
 
 
 class WorkerPool:
@@ -112,6 +126,7 @@ class WorkerPool:
             self._directory = Path(tmp)
             (self._directory / METRICS_DIR).mkdir()
             watch = loop.create_task(self._watch_disk())
+            probe = loop.create_task(self._probe_workers())
             try:
                 for index in range(settings.processes):
                     await self._start_worker(index)
@@ -119,6 +134,7 @@ class WorkerPool:
                 await self._stop.wait()
             finally:
                 watch.cancel()
+                probe.cancel()
                 await self._stop_workers()
         if self._failure is not None:
             return self._failure
@@ -210,6 +226,7 @@ class WorkerPool:
             while line := await reader.readline():
                 if line == READY:
                     worker.ready = True
+                    worker.answered_at = time.monotonic()
                     logger.info("worker %d ready (pid %d)", worker.index, worker.process.pid)
                     _signal(worker, signal.SIGHUP)  # what changed while it loaded, it reads
                     if all(w.ready for w in self._workers.values()):
@@ -259,6 +276,45 @@ class WorkerPool:
             if now != seen:
                 seen = now
                 self._tell_workers_to_sync()
+
+    async def _probe_workers(self) -> None:
+        """Kill the workers whose event loop has not answered for a while (see Liveness)."""
+        settings = self.settings.config.pool
+        while True:
+            await asyncio.sleep(settings.probe_interval_s)
+            workers = [worker for worker in self._workers.values() if worker.ready]
+            answers = await asyncio.gather(
+                *(self._alive(worker, settings.probe_interval_s) for worker in workers)
+            )
+            now = time.monotonic()
+            for worker, answered in zip(workers, answers, strict=True):
+                if answered:
+                    worker.answered_at = now
+                elif (
+                    now - worker.answered_at > settings.unresponsive_after_s and not self._stopping
+                ):
+                    logger.error(
+                        "worker %d (pid %d) has not answered for %.0f s: killing it",
+                        worker.index, worker.process.pid, now - worker.answered_at,
+                    )  # fmt: skip
+                    _signal(worker, signal.SIGKILL)
+
+    async def _alive(self, worker: _Worker, timeout: float) -> bool:
+        """Whether the worker's event loop answers its liveness probe within ``timeout``."""
+        assert self._directory is not None
+        path = private_socket(self._directory, worker.index)
+        writer = None
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_unix_connection(str(path))
+                writer.write(f"GET {ALIVE_PATH} HTTP/1.0\r\nHost: worker\r\n\r\n".encode())
+                status_line = await reader.readline()
+        except (OSError, TimeoutError):
+            return False
+        finally:
+            if writer is not None:
+                writer.close()
+        return status_line.split()[1:2] == [b"200"]
 
     async def _stop_workers(self) -> None:
         """SIGTERM to every worker; each drains within the grace period, or is killed."""

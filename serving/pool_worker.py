@@ -10,8 +10,9 @@ with a gateway alone it:
   (a line on its status pipe) when a change came through it, an admin routing change or a
   reload, so that every sibling applies it at once;
 - reads one routing file with its siblings: gateway.yaml's, or the pool's own;
-- answers its siblings' questions about labels on a Unix socket in the pool directory
-  (``serving.feedback_relay``).
+- answers, on a Unix socket in the pool directory, its siblings' questions about labels
+  (``serving.feedback_relay``) and the supervisor's liveness probe (``ALIVE_PATH``), which
+  only an event loop that still turns can answer.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ SOCKETS_DIR = "workers"
 
 READY = b"ready\n"
 CHANGED = b"changed\n"
+ALIVE_PATH = "/alive"
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class PoolWorker:
 
     @property
     def socket_path(self) -> Path:
-        return self.directory / SOCKETS_DIR / f"{self.index}.sock"
+        return private_socket(self.directory, self.index)
 
     def sibling_sockets(self) -> list[Path]:
         """The other workers' sockets (a dead worker's may linger: asking it fails fast)."""
@@ -69,6 +71,12 @@ class PoolWorker:
         # that is gone (the worker outlived it) is no reason to fail the request.
         with contextlib.suppress(OSError):
             os.write(self.status_fd, message)
+
+
+def private_socket(directory: Path, index: int) -> Path:
+    """Where worker ``index`` of the pool in ``directory`` answers its siblings and its
+    supervisor."""
+    return directory / SOCKETS_DIR / f"{index}.sock"
 
 
 def pool_routing_file(config: GatewayConfig, directory: Path) -> Path | None:

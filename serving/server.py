@@ -33,11 +33,12 @@ from tensorflow_serving.apis import (
 from serving.admin import AdminApi, AdminAuth
 from serving.config import GatewayConfig, ServerTLS
 from serving.errors import StartupError
-from serving.feedback_relay import sibling_app
+from serving.feedback import FeedbackStore
+from serving.feedback_relay import sibling_route
 from serving.gateway import Gateway
 from serving.grpc_api import FeedbackService, ModelService, PredictionService
 from serving.health import Health
-from serving.pool_worker import PoolWorker
+from serving.pool_worker import ALIVE_PATH, PoolWorker
 from serving.rest_api import build_app
 
 logger = logging.getLogger(__name__)
@@ -145,6 +146,18 @@ def _read(path: Path) -> bytes:
         raise StartupError(f"tls: cannot read {path}: {exc}") from None
 
 
+def private_app(feedback: FeedbackStore) -> web.Application:
+    """A pool worker's private socket: what its siblings (labels) and its supervisor (is
+    the event loop still turning?) ask it."""
+
+    async def alive(_request: web.Request) -> web.Response:
+        return web.Response(text="alive")
+
+    app = web.Application()
+    app.add_routes([web.get(ALIVE_PATH, alive), sibling_route(feedback)])
+    return app
+
+
 class GatewayServer:
     """The gateway with its gRPC and REST listeners (``start``, then ``shutdown``)."""
 
@@ -167,7 +180,7 @@ class GatewayServer:
         self.gateway: Gateway | None = None
         self._grpc: grpc.aio.Server | None = None
         self._rest: web.AppRunner | None = None
-        self._siblings: web.AppRunner | None = None
+        self._private: web.AppRunner | None = None
 
     async def start(self) -> None:
         """Bind both listeners, then start loading models (``/readyz`` says when done); a
@@ -188,7 +201,7 @@ class GatewayServer:
                 await self.gateway.wait_loaded()
                 await self._start_grpc(self.gateway, auth)
                 await self._start_rest(self.gateway, auth)
-                await self._start_sibling_socket(self.pool, self.gateway)
+                await self._start_private_socket(self.pool, self.gateway)
                 self.pool.announce_ready()
         except BaseException:
             await self.close()
@@ -259,11 +272,12 @@ class GatewayServer:
             ) from None
         self.rest_port = runner.addresses[0][1]
 
-    async def _start_sibling_socket(self, pool: PoolWorker, gateway: Gateway) -> None:
-        """Where the pool's other workers ask this one about its answers (labels)."""
-        runner = web.AppRunner(sibling_app(gateway.feedback), access_log=None, handle_signals=False)
+    async def _start_private_socket(self, pool: PoolWorker, gateway: Gateway) -> None:
+        """Where the pool's other workers ask this one about its answers (labels), and its
+        supervisor whether it is alive."""
+        runner = web.AppRunner(private_app(gateway.feedback), access_log=None, handle_signals=False)
         await runner.setup()
-        self._siblings = runner
+        self._private = runner
         pool.socket_path.parent.mkdir(parents=True, exist_ok=True)
         pool.socket_path.unlink(missing_ok=True)  # a dead predecessor's
         await web.UnixSite(runner, str(pool.socket_path)).start()
@@ -288,10 +302,10 @@ class GatewayServer:
         if self._grpc is not None:
             await self._grpc.stop(CLOSE_GRACE_S)
             self._grpc = None
-        for runner in (self._rest, self._siblings):
+        for runner in (self._rest, self._private):
             if runner is not None:
                 await runner.cleanup()
-        self._rest = self._siblings = None
+        self._rest = self._private = None
         if self.gateway is not None:
             await self.gateway.stop()
 

@@ -118,6 +118,10 @@ def test_the_admin_token_comes_from_a_file_or_the_environment(
             ":1: version_policy.kind: expected one of 'latest', 'all' or 'specific', got 'newest'",
         ),
         ("batching: [1, 2]\n", ":1: batching:"),
+        (
+            "pool: {probe_interval_s: 5, unresponsive_after_s: 6}\n",
+            ":1: pool: unresponsive_after_s must allow at least two probes",
+        ),
         ("- a list\n", ":1: <root>: expected mapping, got list"),
         ("batching: {max_batch_size: 4\n", "invalid YAML"),
     ],

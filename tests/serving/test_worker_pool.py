@@ -331,21 +331,49 @@ def test_each_worker_gets_its_share_of_the_cores_unless_the_operator_chose(
     assert tensorflow_threads(2)["TF_NUM_INTRAOP_THREADS"] == "7"
 
 
-def test_workers_drain_and_end_when_the_supervisor_is_killed(tmp_path: Path) -> None:
-    model_factory.publish(tmp_path / "models", 1)
-    process = GatewayProcess(tmp_path / "models", processes=2)
+@pytest.fixture(scope="module")
+def watched_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """A pool whose supervisor probes its workers twice a second."""
+    workdir = tmp_path_factory.mktemp("watched")
+    model_factory.publish(workdir / "models", 1)
+    config = workdir / "gateway.yaml"
+    config.write_text("pool: {probe_interval_s: 0.5, unresponsive_after_s: 3}\n")
+    process = GatewayProcess(workdir / "models", config=config, processes=2)
     with process:
         poll(lambda: "pool of 2 workers serving" in process.output(), WAIT_S, "both workers")
-        workers = worker_pids(process)
-        process.kill()  # SIGKILL: no chance to stop its workers itself
+        yield process
 
-        def gone(pid: int) -> bool:
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
-            except FileNotFoundError:
-                return True
-            return state == "Z"  # exited, not yet reaped by init
 
-        poll(lambda: all(gone(pid) for pid in workers), WAIT_S, "the workers to exit")
-        with socket.socket() as probe:  # nobody holds the port any more
-            probe.bind(("127.0.0.1", process.grpc_port))
+def exited(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+    except FileNotFoundError:
+        return True
+    return state == "Z"  # exited, not yet reaped
+
+
+def test_a_worker_that_stops_answering_is_killed_and_replaced(
+    watched_pool: GatewayProcess,
+) -> None:
+    stuck, healthy = worker_pids(watched_pool)
+    os.kill(stuck, signal.SIGSTOP)  # keeps its sockets, answers nothing
+    poll(lambda: exited(stuck), WAIT_S, "the stopped worker to be killed")
+    assert f"(pid {stuck}) has not answered" in watched_pool.output()
+    poll(lambda: len(worker_pids(watched_pool)) == 2, WAIT_S, "a replacement")
+    replacement = (set(worker_pids(watched_pool)) - {stuck, healthy}).pop()
+    poll(
+        lambda: f"ready (pid {replacement})" in watched_pool.output(),
+        WAIT_S,
+        "the replacement ready",
+    )
+    assert all(predicted_version(watched_pool) == 1 for _ in range(REQUESTS))
+
+
+def test_workers_drain_and_end_when_the_supervisor_is_killed(
+    watched_pool: GatewayProcess,
+) -> None:
+    workers = worker_pids(watched_pool)
+    watched_pool.kill()  # SIGKILL: no chance to stop its workers itself
+    poll(lambda: all(exited(pid) for pid in workers), WAIT_S, "the workers to exit")
+    with socket.socket() as probe:  # nobody holds the port any more
+        probe.bind(("127.0.0.1", watched_pool.grpc_port))
