@@ -183,6 +183,7 @@ class WorkerPool:
                 *self._command(index, write_fd),
                 env=env,
                 pass_fds=(write_fd,),
+                stderr=_own_stderr(),
                 preexec_fn=functools.partial(_die_with, os.getpid()),
                 start_new_session=True,  # a terminal's Ctrl-C reaches the supervisor only
             )
@@ -360,6 +361,16 @@ def hold_port(host: str, port: int, name: str) -> socket.socket:
         held.close()
         raise StartupError(f"{name}: cannot listen on {host}:{port}: {exc.strerror}") from None
     return held
+
+
+def _own_stderr() -> int | None:
+    """Where Python's standard error goes, for the workers' own. The command line routes
+    descriptor 2 through a filter thread of this process (``slipway.start_up_noise``):
+    inherited, it would die with the supervisor and take the workers' drain logs with it.
+    Each worker filters its own start-up noise."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        return sys.stderr.fileno()
+    return None
 
 
 def _signal(worker: _Worker, signum: int) -> None:

@@ -375,5 +375,7 @@ def test_workers_drain_and_end_when_the_supervisor_is_killed(
     workers = worker_pids(watched_pool)
     watched_pool.kill()  # SIGKILL: no chance to stop its workers itself
     poll(lambda: all(exited(pid) for pid in workers), WAIT_S, "the workers to exit")
+    for index in range(2):  # each drained, and could still say so
+        assert f"[worker {index}] serving.server: stopped" in watched_pool.output()
     with socket.socket() as probe:  # nobody holds the port any more
         probe.bind(("127.0.0.1", watched_pool.grpc_port))
