@@ -306,11 +306,16 @@ class _Task:
     batch: _Batch | None = None  # the batch holding the task until the batch starts
 
     @property
-    def finish_by(self) -> float | None:
-        """When its batch must be done: the deadline less the margin of its budget."""
-        if self.deadline is None:
-            return None
-        return self.deadline - DEADLINE_MARGIN * (self.deadline - self.enqueued_at)
+    def finish_by(self) -> float:
+        return finish_by(self.deadline, self.enqueued_at)
+
+
+def finish_by(deadline: float | None, arrived: float) -> float:
+    """When a request's batch must be done: its deadline less the margin of its budget
+    (infinity without a deadline)."""
+    if deadline is None:
+        return math.inf
+    return deadline - DEADLINE_MARGIN * (deadline - arrived)
 
 
 @dataclass(eq=False)
@@ -322,7 +327,7 @@ class _Batch:
     rows: int = 0
     timer: asyncio.TimerHandle | None = None
     cut_at: float = math.inf  # when the timer fires, in the batcher's clock
-    finish_by: float = math.inf  # the most urgent member's (see _Task.finish_by)
+    finish_by: float = math.inf  # the most urgent member's (see ``finish_by``)
     due: bool = False  # timed out while every thread was busy: runs on the next free thread
 
 
@@ -453,8 +458,7 @@ class Batcher:
             batch = _Batch(
                 key=None, limit=task.rows, allowed_sizes=(), tasks=[task], rows=task.rows
             )
-            if task.finish_by is not None:
-                batch.finish_by = task.finish_by
+            batch.finish_by = task.finish_by
             task.batch = batch
             self._ready.append(batch)
             self._dispatch()
@@ -491,14 +495,12 @@ class Batcher:
         """Whether ``batch``, grown by up to ``rows`` rows of a request arriving ``now``,
         could still finish in time for its most urgent member if it started at once. A
         batch that is already late by itself takes the rows: cutting it would not help."""
-        finish_by = batch.finish_by
-        if deadline is not None:
-            finish_by = min(finish_by, deadline - DEADLINE_MARGIN * (deadline - now))
-        if finish_by == math.inf:
+        most_urgent = min(batch.finish_by, finish_by(deadline, now))
+        if most_urgent == math.inf:
             return True
         grown = batch.rows + min(rows, batch.limit - batch.rows)
-        alone_in_time = now + self.cost.expected(batch.rows) <= finish_by
-        return not alone_in_time or now + self.cost.expected(grown) <= finish_by
+        alone_in_time = now + self.cost.expected(batch.rows) <= most_urgent
+        return not alone_in_time or now + self.cost.expected(grown) <= most_urgent
 
     def _add(self, task: _Task, key: Hashable, loop: asyncio.AbstractEventLoop) -> None:
         batch = self._open.get(key)
@@ -510,8 +512,7 @@ class Batcher:
         batch.tasks.append(task)
         batch.rows += task.rows
         task.batch = batch
-        if task.finish_by is not None:
-            batch.finish_by = min(batch.finish_by, task.finish_by)
+        batch.finish_by = min(batch.finish_by, task.finish_by)
         if batch.rows >= batch.limit:
             self._cut(batch)
             return
