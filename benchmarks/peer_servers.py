@@ -19,13 +19,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serving import MODEL, free_port, serve_command, stop_process
+from benchmarks.serving import MODEL, free_port, serve_command, stop_process, wait_http_ready
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PEERS_VENV = REPO_ROOT / ".venv-peers"
@@ -81,24 +80,15 @@ class Server:
     started_at: float = field(default_factory=time.monotonic)
 
     def wait_ready(self) -> None:
-        deadline = self.started_at + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited early:\n{_tail(self.log)}")
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(self.ready_url, timeout=2) as response,
-            ):
-                if response.status == 200 and self.ready_when(response.read()):
-                    return
-            time.sleep(POLL_INTERVAL_S)  # the readiness endpoint said no: ask again
-        raise RuntimeError(
-            f"{self.name} not ready after {self.start_timeout_s:g}s:\n{_tail(self.log)}"
+        wait_http_ready(
+            self.ready_url,
+            self.process,
+            self.log,
+            name=self.name,
+            timeout_s=self.start_timeout_s,
+            since=self.started_at,
+            ready_when=self.ready_when,
         )
-
-
-def _tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,16 +115,32 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _wait_http_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
+def wait_http_ready(
+    url: str,
+    process: subprocess.Popen[bytes],
+    log: Path,
+    *,
+    name: str = "server",
+    timeout_s: float = START_TIMEOUT_S,
+    since: float | None = None,
+    ready_when: Callable[[bytes], bool] = lambda body: True,
+) -> None:
+    """Until a GET of ``url`` answers 200 with a body ``ready_when`` accepts, within
+    ``timeout_s`` of ``since`` (default: now); otherwise, or if the process exits first,
+    ``RuntimeError`` with the tail of its log."""
+    deadline = (time.monotonic() if since is None else since) + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"server exited early:\n{log.read_text()[-4000:]}")
+            raise RuntimeError(f"{name} exited early:\n{log_tail(log)}")
         with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
-            if response.status == 200:
+            if response.status == 200 and ready_when(response.read()):
                 return
         time.sleep(0.2)  # another process is starting: poll
-    raise RuntimeError(f"server not ready after {START_TIMEOUT_S}s:\n{log.read_text()[-4000:]}")
+    raise RuntimeError(f"{name} not ready after {timeout_s:g}s:\n{log_tail(log)}")
+
+
+def log_tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
 
 
 def stop_process(process: subprocess.Popen[bytes]) -> None:
@@ -162,7 +178,7 @@ def gateway(
             stderr=subprocess.STDOUT,
         )
         try:
-            _wait_http_ready(f"http://127.0.0.1:{rest_port}/readyz", process, log)
+            wait_http_ready(f"http://127.0.0.1:{rest_port}/readyz", process, log)
             with flame_graph(process.pid, profile):
                 yield f"127.0.0.1:{grpc_port}"
         finally:
@@ -217,7 +233,7 @@ def null_server(workdir: Path) -> Iterator[str]:
             cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
-            _wait_http_ready(f"http://127.0.0.1:{health_port}/", process, log)
+            wait_http_ready(f"http://127.0.0.1:{health_port}/", process, log)
             yield f"127.0.0.1:{port}"
         finally:
             stop_process(process)
