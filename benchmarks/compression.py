@@ -14,7 +14,9 @@ same model, measured in the same run by the same LiteRT runner:
    (``int8_converter_size_ratio``);
 2. pruning's gzipped size against the gzipped float32 TFLite (goal: at most 0.6x);
 3. accuracy drop of each result in points (limit 1.0, goal 0.5);
-4. batch-1 latency, the median of interleaved rounds (goal: int8 at least 2x faster).
+4. batch-1 latency, the median of interleaved rounds (goal: int8 at least 2x faster);
+5. how that int8 speed-up grows with channel width (:mod:`benchmarks.int8_scaling`): the
+   digits network at its own width and at two and four times it.
 
 Results are printed as a table and written to ``benchmarks/results/compression.json``;
 the full compression reports (Markdown, JSON, PNG) are written beside it.
@@ -33,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks import int8_scaling
 from benchmarks.common import benchmark_parser, machine_info, write_results
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -265,6 +268,7 @@ def print_table(results: Mapping[str, Any]) -> None:
                 _status(speedup >= LATENCY_SPEEDUP_GOAL) if key == "int8" else "",
             )  # fmt: skip
     Console(width=200).print(table)
+    int8_scaling.print_table(results["int8_by_width"])
 
 
 def run(quick: bool, output: Path) -> dict[str, Any]:
@@ -288,6 +292,7 @@ def run(quick: bool, output: Path) -> dict[str, Any]:
         results["cases"] = [
             bench_case(case, datasets[case.dataset], workdir, quick, report_root) for case in CASES
         ]
+    results["int8_by_width"] = int8_scaling.measure(latency_runs=100 if quick else 300)
     write_results(output, results, print_table)
     return results
 
