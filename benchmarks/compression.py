@@ -12,7 +12,8 @@ same model, measured in the same run by the same LiteRT runner:
    float32 one included, so the ratio is what quantization saves; the ratio of the
    files as the converter writes them is recorded beside it
    (``int8_converter_size_ratio``);
-2. pruning's gzipped size against the gzipped float32 TFLite (goal: at most 0.6x);
+2. pruning's size (its sparse weights stored sparse) and its gzipped size against the
+   gzipped float32 TFLite (goal: at most 0.6x);
 3. accuracy drop of each result in points (limit 1.0, goal 0.5);
 4. batch-1 latency, the median of interleaved rounds (goal: int8 at least 2x faster);
 5. how that int8 speed-up grows with channel width (:mod:`benchmarks.int8_scaling`): the
@@ -169,7 +170,9 @@ def figures(report: Mapping[str, Any]) -> dict[str, Any]:
     out["int8_scheme"] = int8.get("scheme")
     out["int8_weight_scales"] = int8.get("weight_scales")
     out["int8_reason"] = int8.get("reason")
-    out["prune_sparsity"] = _row(report, "prune")["details"].get("overall_sparsity")
+    prune = _row(report, "prune")["details"]
+    out["prune_sparsity"] = prune.get("overall_sparsity")
+    out["prune_weight_encoding"] = prune.get("weight_encoding")
     return out
 
 
@@ -238,6 +241,11 @@ def print_table(results: Mapping[str, Any]) -> None:
             f"{case['int8_converter_bytes'] / kib:.1f} KiB",
             f"{case['float32_tflite_converter_bytes'] / kib:.1f} KiB",
             f"{case['int8_converter_size_ratio']:.3f}x", "", "",
+        )  # fmt: skip
+        table.add_row(
+            "", f"prune {case['prune_sparsity']:.0%} size ({case['prune_weight_encoding']} weights)",
+            f"{case['prune_bytes'] / kib:.1f} KiB", f"{case['float32_tflite_bytes'] / kib:.1f} KiB",
+            f"{case['prune_size_ratio']:.2f}x", "", "",
         )  # fmt: skip
         table.add_row(
             "", f"prune {case['prune_sparsity']:.0%}, gzipped",

@@ -316,6 +316,31 @@ def test_pruning_reaches_the_target_sparsity_measured_on_the_weights(
     tflite_predictions = run_tflite(result.tflite, current.test_features)
     assert agreement(tflite_predictions, keras_predictions) >= 0.99
     assert current.accuracy(keras_predictions) >= 0.6
+    # The zeros are not stored: the file itself is smaller, not only once gzipped. Embedding
+    # tables stay dense (a lookup reads them whole), and in this small Transformer they are
+    # most of the weights.
+    assert result.details["weight_encoding"] == "sparse"
+    dense_bytes = len(ptq.float32(stripped).tflite)
+    assert len(result.tflite) < (dense_bytes if family == "transformer" else 0.85 * dense_bytes)
+
+
+def test_a_sparse_encoding_litert_cannot_run_falls_back_to_the_dense_file(
+    zoo: dict[str, Zoo], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Unpreparable:
+        def __init__(self, model_content: bytes) -> None:
+            pass
+
+        def allocate_tensors(self) -> None:
+            raise RuntimeError("failed to delegate CONV_2D node #3\nmore")
+
+    model = zoo["cnn"].model
+    monkeypatch.setattr(pruning, "Interpreter", Unpreparable)
+    flatbuffer, encoding = pruning.sparse_tflite(model)
+    assert (
+        encoding == "dense (the sparse encoding does not run: failed to delegate CONV_2D node #3)"
+    )
+    assert flatbuffer == ptq.float32(model).tflite
 
 
 def test_structured_2_4_pruning_zeroes_two_of_every_four_inputs(zoo: dict[str, Zoo]) -> None:
