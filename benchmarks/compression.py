@@ -12,8 +12,8 @@ same model, measured in the same run by the same LiteRT runner:
    float32 one included, so the ratio is what quantization saves; the ratio of the
    files as the converter writes them is recorded beside it
    (``int8_converter_size_ratio``);
-2. pruning's size (its sparse weights stored sparse) and its gzipped size against the
-   gzipped float32 TFLite (goal: at most 0.6x);
+2. pruning's size, its sparse weights stored sparse, raw against raw; and gzipped against
+   the gzipped float32 TFLite (goal: at most 0.6x);
 3. accuracy drop of each result in points (limit 1.0, goal 0.5);
 4. batch-1 latency, the median of interleaved rounds (goal: int8 at least 2x faster);
 5. how that int8 speed-up grows with channel width (:mod:`benchmarks.int8_scaling`): the

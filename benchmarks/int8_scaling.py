@@ -2,9 +2,9 @@
 
 An int8 kernel does four times the multiply-adds of a float32 one per instruction
 (AVX-512 VNNI), but XNNPACK's int8 convolutions also pay a cost per output pixel that
-does not shrink with the channel count: at 16 output channels that cost is the whole
-kernel and int8 runs no faster than float32; at 64 the arithmetic dominates and int8 wins
-several times over. Fixed per-op costs (dispatch, the quantize and dequantize at the
+does not shrink with the channel count: at 16 output channels that cost is most of the
+kernel and int8 runs barely faster than float32; at 64 the arithmetic dominates and int8
+wins several times over. Fixed per-op costs (dispatch, the quantize and dequantize at the
 edges) weigh the same way on a model this small.
 
 The zoo CNN of the digits experiment (16 and 32 channels) is built untrained, since
