@@ -46,6 +46,7 @@ own requests; the batcher keeps working.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -355,8 +356,9 @@ class Batcher:
         self._open: dict[Hashable, _Batch] = {}
         self._ready: deque[_Batch] = deque()
         self._running = 0
+        self._none_running = asyncio.Event()
+        self._none_running.set()
         self.cost = ExecutionCost()
-        self._executions: set[asyncio.Task[None]] = set()
         self._closing = False
         self._reported_depth = 0
 
@@ -428,8 +430,7 @@ class Batcher:
             self._open.clear()
             self._ready.clear()
         self._report_depth()
-        while self._executions:
-            await asyncio.wait(set(self._executions))
+        await self._none_running.wait()
         self._executor.shutdown(wait=False)
 
     # -- queue -----------------------------------------------------------------------
@@ -607,19 +608,34 @@ class Batcher:
             started = self._clock()
             for task in batch.tasks:
                 task.batch = None
-            loop = asyncio.get_running_loop()
-            future = loop.run_in_executor(
-                self._executor,
-                _run_batch,
-                self._run,
-                [task.inputs for task in batch.tasks],
-                batch.allowed_sizes,
+            self._executor.submit(
+                self._execute, asyncio.get_running_loop(), batch.tasks, started, batch.allowed_sizes
             )
             self._running += 1
-            execution = loop.create_task(self._finish(batch.tasks, started, future))
-            self._executions.add(execution)
-            execution.add_done_callback(self._executions.discard)
+            self._none_running.clear()
         self._report_depth()
+
+    def _execute(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        tasks: list[_Task],
+        started: float,
+        allowed_sizes: tuple[int, ...],
+    ) -> None:
+        """Batch-thread body: run the batch and hand the outcome straight to the event loop.
+
+        One ``call_soon_threadsafe`` per batch, instead of an asyncio future chained to the
+        executor's future and a task awaiting it: each of those is another pass of the
+        loop that every request of the batch waits for.
+        """
+        try:
+            outcome: tuple[list[Tensors], int, float] | BaseException = _run_batch(
+                self._run, [task.inputs for task in tasks], allowed_sizes
+            )
+        except BaseException as exc:  # handed to the requests; nothing is lost here
+            outcome = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed while the batch ran
+            loop.call_soon_threadsafe(self._finish, tasks, started, outcome)
 
     def _most_urgent_ready(self) -> _Batch:
         """The ready batch whose most urgent member must finish first (arrival order
@@ -628,20 +644,25 @@ class Batcher:
         self._ready.remove(batch)
         return batch
 
-    async def _finish(self, tasks: list[_Task], started: float, running: asyncio.Future) -> None:
+    def _finish(
+        self,
+        tasks: list[_Task],
+        started: float,
+        outcome: tuple[list[Tensors], int, float] | BaseException,
+    ) -> None:
         """Hand a batch's results (or its failure) to its requests, then start the next."""
         try:
-            parts, padded_rows, elapsed = await running
-        except Exception as exc:
-            if isinstance(exc, ServingError):
-                error = exc
-            else:
-                logger.exception("batch of %d requests failed", len(tasks))
-                error = Internal(f"model execution failed: {type(exc).__name__}: {exc}")
-            for task in tasks:
-                if not task.future.done():
-                    task.future.set_exception(error)
-        else:
+            if isinstance(outcome, BaseException):
+                if isinstance(outcome, ServingError):
+                    error: BaseException = outcome
+                else:
+                    logger.error("batch of %d requests failed", len(tasks), exc_info=outcome)
+                    error = Internal(f"model execution failed: {type(outcome).__name__}: {outcome}")
+                for task in tasks:
+                    if not task.future.done():
+                        task.future.set_exception(error)
+                return
+            parts, padded_rows, elapsed = outcome
             for task, part in zip(tasks, parts, strict=True):
                 if not task.future.done():
                     task.future.set_result(part)
@@ -649,6 +670,8 @@ class Batcher:
             self._observe(tasks, started, padded_rows, elapsed)
         finally:
             self._running -= 1
+            if self._running == 0:
+                self._none_running.set()
             self._dispatch()
 
     def _observe(
