@@ -10,7 +10,9 @@ started as ``slipway serve`` processes:
 2. the gateway (batching on) vs a do-nothing Predict server on the same ``grpc.aio``
    stack that answers with a precomputed response: QPS ratio (goal >= 0.7);
 3. latency added at one client (batching off, so no batch window is waited for) over
-   calling the same SavedModel in-process: p50 difference (goal <= 0.5 ms);
+   calling the same SavedModel in-process: p50 difference (goal <= 0.5 ms). The
+   do-nothing server's own p50 at one client is printed beside it: a gateway that cost
+   nothing over its transport would still add that much;
 4. a remote backend hop, gateway -> gateway, at one client: p50 added by the front one;
 5. one gateway process vs a pool of two (``--processes 2``) at 64 clients, with batching on
    and off: QPS ratio. The clients spread over several connections, as many clients do,
@@ -411,6 +413,7 @@ def bench(workdir: Path, sizes: Sizes, profile: Path | None = None) -> dict[str,
             hop_one = measure(front, 1, sizes)
     with null_server(workdir) as target:
         null = measure(target, MANY_CLIENTS, sizes)
+        null_one = measure(target, 1, sizes)
     with gateway(workdir, "pool-batched", root, on, processes=POOL_PROCESSES) as target:
         pool_batched = measure(target, MANY_CLIENTS, sizes)
     with gateway(workdir, "pool-unbatched", root, off, processes=POOL_PROCESSES) as target:
@@ -435,6 +438,7 @@ def bench(workdir: Path, sizes: Sizes, profile: Path | None = None) -> dict[str,
             "gateway_p50_ms": direct_one["p50_ms"],
             "in_process_p50_ms": round(in_process, 3),
             "added_p50_ms": round(direct_one["p50_ms"] - in_process, 3),
+            "null_server_p50_ms": null_one["p50_ms"],
             "goal_ms": ADDED_LATENCY_GOAL_MS,
         },
         "processes": {
@@ -503,6 +507,9 @@ def print_table(results: Mapping[str, Any]) -> None:
         f"{added['in_process_p50_ms']:.3f}", f"+{added['added_p50_ms']:.3f} ms",
         f"<= {ADDED_LATENCY_GOAL_MS:g} ms", _status(added["added_p50_ms"] <= ADDED_LATENCY_GOAL_MS),
     )  # fmt: skip
+    table.add_row(
+        "", "do-nothing server p50 ms", f"{added['null_server_p50_ms']:.3f}", "", "", "", ""
+    )
     pool = results["processes"]
     for mode in ("batching_on", "batching_off"):
         figures = pool[mode]
