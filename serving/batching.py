@@ -65,6 +65,9 @@ from serving.signature import Tensors
 logger = logging.getLogger(__name__)
 
 RunFn = Callable[[Tensors], Tensors]
+# What a batch thread hands back: each request's outputs, the padded batch size and the
+# execution seconds; or, if the batch failed, the exception.
+BatchOutcome = tuple[list[Tensors], int, float] | BaseException
 
 # The share of a request's time budget (deadline less arrival) kept as a margin when its
 # deadline decides when its batch must start.
@@ -629,7 +632,7 @@ class Batcher:
         loop that every request of the batch waits for.
         """
         try:
-            outcome: tuple[list[Tensors], int, float] | BaseException = _run_batch(
+            outcome: BatchOutcome = _run_batch(
                 self._run, [task.inputs for task in tasks], allowed_sizes
             )
         except BaseException as exc:  # handed to the requests; nothing is lost here
@@ -648,7 +651,7 @@ class Batcher:
         self,
         tasks: list[_Task],
         started: float,
-        outcome: tuple[list[Tensors], int, float] | BaseException,
+        outcome: BatchOutcome,
     ) -> None:
         """Hand a batch's results (or its failure) to its requests, then start the next."""
         try:
