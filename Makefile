@@ -5,13 +5,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 DEMO_DIR ?= out/demo
-# What pip installs: the project with its test tools here, the project alone in the image.
-INSTALL_SPEC ?= .[dev]
+# What pip installs: the project with its test and docs tools here, the project alone in the image.
+INSTALL_SPEC ?= .[dev,docs]
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE = 1
 
-.PHONY: install prometheus nginx image test demo bench lint clean
+.PHONY: install prometheus nginx image test test-all demo bench lint docs docs-build clean
 .PHONY: peers
 
 install: $(STAMP)
@@ -54,8 +54,15 @@ $(PEERS_STAMP): pyproject.toml
 image:
 	docker build -t slipway:latest .
 
+# The fast tier: unit tests and in-process integration, no child process, server process or
+# cluster (those carry the `process` marker). The 25 slowest tests are printed at the end.
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not process" --durations=25 $(PYTEST_ARGS)
+
+# Every test: the fast tier, then the process tier (gateways, pools, Prometheus, nginx, Dask
+# clusters, training workers, meshes, kill loops). CI runs this.
+test-all: install
+	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
 
 demo: install
 	$(BIN)/python -m slipway.demo --workdir $(DEMO_DIR)
@@ -72,6 +79,14 @@ bench: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# The documentation site on http://127.0.0.1:8000, rebuilt as pages change.
+docs: install
+	$(BIN)/mkdocs serve
+
+# The site under out/site; a broken link or a page missing from the nav fails the build.
+docs-build: install
+	$(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache
