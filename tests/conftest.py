@@ -8,6 +8,8 @@ import pytest
 
 from tests import prometheus_binaries
 
+pytest_plugins = ["tests.support.fixtures", "tests.support.serving_fixtures"]
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYTHONHASHSEED", "0")
 

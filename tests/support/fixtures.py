@@ -1,0 +1,1 @@
+"""Session-wide fixtures for data, training and compression tests: shared built artefacts."""

@@ -1,0 +1,1 @@
+"""Session-wide fixtures for serving and ops tests: shared models and servers."""
