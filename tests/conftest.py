@@ -1,4 +1,4 @@
-"""Shared fixtures: quiet TensorFlow, and small real data sets made on the spot."""
+"""Quiet TensorFlow, the plugins every test shares, and a closing word on skipped groups."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import pytest
 
 from tests import prometheus_binaries
 
-pytest_plugins = ["tests.support.fixtures", "tests.support.serving_fixtures"]
+pytest_plugins = [
+    "tests.support.tiers",
+    "tests.support.fixtures",
+    "tests.support.serving_fixtures",
+]
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("PYTHONHASHSEED", "0")
