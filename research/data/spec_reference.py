@@ -1,11 +1,11 @@
-"""The dataset spec reference (``docs/data-spec.md``), generated from the spec's model.
+"""The dataset spec reference (``docs/reference/data-spec.md``), generated from the spec's model.
 
 Every key of ``research.data.spec.DatasetSpec`` with its type, constraints, default,
 description and an example, so the reference cannot drift from what ``load_spec``
 accepts: ``tests/research/test_spec_reference.py`` fails when the committed file and
 this output differ. Regenerate it with::
 
-    python -m research.data.spec_reference > docs/data-spec.md
+    python -m research.data.spec_reference > docs/reference/data-spec.md
 
 An example is the value a shipped spec in ``examples/data/`` gives the key, when one
 does (real and known to build); otherwise it comes from ``EXAMPLES`` below.
@@ -231,7 +231,7 @@ HEADER = """\
 Every key of a dataset spec (`slipway data build SPEC.yaml`), generated from the spec's
 model in `research/data/spec.py` by
 
-    python -m research.data.spec_reference > docs/data-spec.md
+    python -m research.data.spec_reference > docs/reference/data-spec.md
 
 and checked by a test, so it cannot drift from what the build accepts. Paths in a spec are
 relative to the spec file. `<field>` stands for a field name you choose. An example marked

@@ -20,8 +20,8 @@ from research.data.spec_reference import (
     spec_keys,
 )
 
-REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "data-spec.md"
-REGENERATE = "python -m research.data.spec_reference > docs/data-spec.md"
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "data-spec.md"
+REGENERATE = "python -m research.data.spec_reference > docs/reference/data-spec.md"
 
 
 def test_the_committed_reference_is_the_generated_one() -> None:
