@@ -1,0 +1,269 @@
+"""Reference tables of a config file's keys, read from the models that validate the file.
+
+Every YAML file Slipway reads is loaded into a pydantic model (``contracts.yaml_config``),
+so the models are the one complete list of its keys, their types, constraints and
+defaults. The generated reference pages (the dataset spec, experiments, ``gateway.yaml``,
+``analysis.yaml``) walk a model with ``config_keys`` and print the keys with
+``render_sections``: a key added, renamed or given another default changes the page, and
+the page's test fails until it is regenerated.
+
+A key's path is written as a file author writes it: ``clean.pii.kinds``; ``<name>`` for
+a key the author chooses (a mapping's key); ``sources[csv].path`` for a key of the list
+items whose ``type`` is ``csv``; ``checks.custom[].name`` for a key of every list item.
+A key of a mapping picked by a tag (``model: {type: cnn, ...}``) keeps the plain path and
+is listed under its own heading, ``model: type cnn``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import types
+import typing
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import annotated_types
+import yaml
+from pydantic import BaseModel, RootModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined, to_jsonable_python
+
+TOP_LEVEL = "Top level"
+NESTED = "mapping (see below)"  # the type of a key whose own keys follow under its heading
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of a config file, as a row of its reference."""
+
+    path: str  # "clean.pii.kinds", "sources[csv].path", "models.<name>.batching"
+    section: str  # the heading it is listed under
+    type: str
+    default: str
+    description: str
+    field: FieldInfo
+    owner: type  # the model (or dataclass) that declares it
+    nested: bool  # its own keys follow, under headings of their own
+
+
+def config_keys(model: type, *, any_name: str = "<name>", section: str = TOP_LEVEL) -> list[Key]:
+    """Every key of ``model`` and of the sections below it, depth first, in declaration
+    order. ``any_name`` stands for the keys of a mapping the file's author names."""
+    return list(_keys(model, "", section, any_name, skip=None))
+
+
+def _keys(model: type, prefix: str, section: str, any_name: str, skip: str | None) -> Iterator[Key]:
+    for name, field in _fields(model).items():
+        if field.exclude or name == skip:
+            continue
+        path = prefix + (field.alias or name)
+        below = list(_below(field.annotation, field.discriminator, path, any_name))
+        yield Key(
+            path=path,
+            section=section,
+            type=field_type(field),
+            default=field_default(field),
+            description=field.description or "",
+            field=field,
+            owner=model,
+            nested=bool(below),
+        )
+        yield from below
+
+
+def _fields(model: type) -> dict[str, FieldInfo]:
+    """A pydantic model's fields, or a dataclass's as pydantic reads them."""
+    if _is_model(model):
+        return dict(model.model_fields)
+    hints = typing.get_type_hints(model, include_extras=True)
+    return {
+        item.name: FieldInfo.from_annotated_attribute(
+            hints[item.name],
+            PydanticUndefined if item.default is dataclasses.MISSING else item.default,
+        )
+        for item in dataclasses.fields(model)
+    }
+
+
+def _below(annotation: Any, discriminator: Any, path: str, any_name: str) -> Iterator[Key]:
+    """The keys nested in a value of type ``annotation`` written at ``path``."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        tags = [item.discriminator for item in args[1:] if isinstance(item, FieldInfo)]
+        yield from _below(args[0], next(filter(None, tags), discriminator), path, any_name)
+    elif origin in (typing.Union, types.UnionType):
+        members = [arg for arg in args if arg is not type(None)]
+        if isinstance(discriminator, str):
+            for member in members:
+                tag = _tag(member, discriminator)
+                # Items of a list are told apart in the path; a single mapping by heading.
+                prefix = f"{path.removesuffix('[]')}[{tag}]." if path.endswith("[]") else f"{path}."
+                heading = f"{path.removesuffix('[]')}: {discriminator} {tag}"
+                yield from _keys(member, prefix, heading, any_name, skip=discriminator)
+        else:
+            for member in members:
+                yield from _below(member, None, path, any_name)
+    elif _is_root_model(annotation):
+        root = annotation.model_fields["root"]
+        yield from _below(root.annotation, root.discriminator, path, any_name)
+    elif _is_structure(annotation):
+        yield from _keys(annotation, f"{path}.", path, any_name, skip=None)
+    elif origin is dict:
+        for key in _below(args[1], None, f"{path}.{any_name}", any_name):
+            # The keys of every named entry are listed under the mapping's own heading.
+            yield (
+                dataclasses.replace(key, section=path)
+                if key.section == f"{path}.{any_name}"
+                else key
+            )
+    elif origin in (list, tuple) and args:
+        yield from _below(args[0], None, f"{path}[]", any_name)
+
+
+def _tag(member: type, discriminator: str) -> str:
+    """The value of the discriminating key that picks ``member`` out of a union."""
+    return typing.get_args(member.model_fields[discriminator].annotation)[0]
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _is_root_model(annotation: Any) -> bool:
+    return _is_model(annotation) and issubclass(annotation, RootModel)
+
+
+def _is_structure(annotation: Any) -> bool:
+    """A mapping of named keys: a pydantic model or a dataclass."""
+    is_dataclass = isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
+    return _is_model(annotation) or is_dataclass
+
+
+# ---------------------------------------------------------------------------------- types
+
+
+def field_type(field: FieldInfo) -> str:
+    """A field's type as a config author reads it, with its constraints: ``integer, ≥ 0``."""
+    limits = [limit for limit in map(_constraint, field.metadata) if limit]
+    return ", ".join([type_name(field.annotation), *limits])
+
+
+def type_name(annotation: Any) -> str:
+    """``list of string``, ``one of `csv`, `jsonl```, ``mapping (see below) or null``."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is type(None):
+        return "null"
+    if origin is Literal:
+        return "one of " + ", ".join(f"`{yaml_value(arg)}`" for arg in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(dict.fromkeys(type_name(arg) for arg in args))
+    if origin is typing.Annotated:
+        limits = [limit for item in args[1:] for limit in _constraints(item)]
+        return type_name(args[0]) + (f" ({', '.join(limits)})" if limits else "")
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        return "[" + ", ".join(map(type_name, args)) + "]"  # a fixed length: [min, max]
+    if origin in (list, tuple):
+        return f"list of {type_name(args[0])}" if args else "list"
+    if origin is dict:
+        return f"mapping of {type_name(args[0])} to {type_name(args[1])}"
+    if _is_root_model(annotation):
+        return type_name(annotation.model_fields["root"].annotation)
+    if _is_structure(annotation):
+        return NESTED
+    names = {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}
+    if annotation is Any:
+        return "any"
+    return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _constraints(item: Any) -> list[str]:
+    """The constraints an ``Annotated`` item carries (a ``Field(...)`` may carry several)."""
+    items = item.metadata if isinstance(item, FieldInfo) else [item]
+    return [limit for limit in map(_constraint, items) if limit]
+
+
+def _constraint(item: Any) -> str | None:
+    bounds = (
+        (annotated_types.Gt, "gt", ">"),
+        (annotated_types.Ge, "ge", "≥"),
+        (annotated_types.Lt, "lt", "<"),
+        (annotated_types.Le, "le", "≤"),
+    )
+    for kind, attribute, sign in bounds:
+        if isinstance(item, kind):
+            return f"{sign} {getattr(item, attribute)}"
+    if isinstance(item, annotated_types.MinLen):
+        return f"at least {item.min_length} long"
+    pattern = getattr(item, "pattern", None)
+    return f"matching `{pattern}`" if pattern else None
+
+
+# ------------------------------------------------------------------------------- defaults
+
+
+def field_default(field: FieldInfo) -> str:
+    """``required``, the default as YAML, or ``(the defaults below)`` for a section."""
+    if field.default is PydanticUndefined and field.default_factory is None:
+        return "required"
+    value = field.get_default(call_default_factory=True)
+    if _is_model(type(value)) or dataclasses.is_dataclass(value):
+        return "(the defaults below)"
+    return f"`{yaml_value(value)}`"
+
+
+def yaml_value(value: Any) -> str:
+    """A value as it is written in a config file, on one line."""
+    plain = to_jsonable_python(value)
+    text = yaml.safe_dump(plain, default_flow_style=True, sort_keys=False, width=10_000)
+    return text.strip().removesuffix("...").strip().replace("|", "\\|")
+
+
+# ------------------------------------------------------------------------------ rendering
+
+
+def cell(text: str) -> str:
+    """Text that stays inside one cell of a Markdown table and shows ``<`` as written."""
+    return " ".join(text.split()).replace("<", "&lt;").replace("|", "\\|")
+
+
+def docstring(owner: type) -> str | None:
+    """A class's own docstring as Markdown (None when it has none of its own)."""
+    text = owner.__dict__.get("__doc__")
+    if not text:
+        return None
+    return re.sub(r"``([^`]+)``", r"`\1`", inspect.cleandoc(text)).replace("<", "&lt;")
+
+
+def sections(keys: Sequence[Key]) -> dict[str, list[Key]]:
+    """The keys under each heading, headings in the order their first key comes."""
+    grouped: dict[str, list[Key]] = {}
+    for key in keys:
+        grouped.setdefault(key.section, []).append(key)
+    return grouped
+
+
+def render_sections(
+    keys: Sequence[Key],
+    columns: Sequence[tuple[str, Callable[[Key], str]]],
+    intro: Callable[[list[Key]], str | None] = lambda keys: None,
+) -> list[str]:
+    """One Markdown table per heading; ``columns`` names each column and fills its cells,
+    ``intro`` may put a paragraph between a heading and its table."""
+    lines: list[str] = []
+    for section, section_keys in sections(keys).items():
+        lines.append(f"\n## {section}\n")
+        paragraph = intro(section_keys)
+        if paragraph:
+            lines.append(paragraph + "\n")
+        lines += [
+            "| " + " | ".join(name for name, _ in columns) + " |",
+            "|" + "---|" * len(columns),
+        ]
+        lines += [
+            "| " + " | ".join(fill(key) for _, fill in columns) + " |" for key in section_keys
+        ]
+    return lines
