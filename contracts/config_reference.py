@@ -41,6 +41,7 @@ class Key:
     """One key of a config file, as a row of its reference."""
 
     path: str  # "clean.pii.kinds", "sources[csv].path", "models.<name>.batching"
+    name: str  # the field's name in the model that declares it
     section: str  # the heading it is listed under
     type: str
     default: str
@@ -49,11 +50,21 @@ class Key:
     owner: type  # the model (or dataclass) that declares it
     nested: bool  # its own keys follow, under headings of their own
 
+    @property
+    def declared_by(self) -> type:
+        """The class whose body declares the field: a base the owner shares with others."""
+        return next(
+            c for c in self.owner.__mro__ if self.name in vars(c).get("__annotations__", {})
+        )
+
 
 def config_keys(model: type, *, any_name: str = "<name>", section: str = TOP_LEVEL) -> list[Key]:
     """Every key of ``model`` and of the sections below it, depth first, in declaration
-    order. ``any_name`` stands for the keys of a mapping the file's author names."""
-    return list(_keys(model, "", section, any_name, skip=None))
+    order. ``any_name`` stands for the keys of a mapping the file's author names. A
+    section that two tagged mappings share (``model.experts`` of both Transformer
+    families) is listed once."""
+    unique = {(key.section, key.path): key for key in _keys(model, "", section, any_name, None)}
+    return list(unique.values())
 
 
 def _keys(model: type, prefix: str, section: str, any_name: str, skip: str | None) -> Iterator[Key]:
@@ -64,6 +75,7 @@ def _keys(model: type, prefix: str, section: str, any_name: str, skip: str | Non
         below = list(_below(field.annotation, field.discriminator, path, any_name))
         yield Key(
             path=path,
+            name=name,
             section=section,
             type=field_type(field),
             default=field_default(field),
@@ -231,11 +243,18 @@ def cell(text: str) -> str:
 
 
 def docstring(owner: type) -> str | None:
-    """A class's own docstring as Markdown (None when it has none of its own)."""
-    text = owner.__dict__.get("__doc__")
-    if not text:
-        return None
-    return re.sub(r"``([^`]+)``", r"`\1`", inspect.cleandoc(text)).replace("<", "&lt;")
+    """The docstrings of a class and of the bases that declare some of its keys, as
+    Markdown (None when none has one): a family's config says what it adds, the shape
+    it shares with another family says the rest."""
+    texts = [
+        inspect.cleandoc(cls.__dict__["__doc__"])
+        for cls in owner.__mro__
+        if cls.__dict__.get("__doc__")
+        and (cls is owner or vars(cls).get("__annotations__"))
+        and cls.__module__ not in ("builtins", "pydantic.main", "pydantic.root_model")
+    ]
+    text = "\n\n".join(texts)
+    return re.sub(r"``([^`]+)``", r"`\1`", text).replace("<", "&lt;") if texts else None
 
 
 def sections(keys: Sequence[Key]) -> dict[str, list[Key]]:
