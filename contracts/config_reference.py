@@ -161,21 +161,30 @@ def _is_structure(annotation: Any) -> bool:
 def field_type(field: FieldInfo) -> str:
     """A field's type as a config author reads it, with its constraints: ``integer, ≥ 0``."""
     limits = [limit for limit in map(_constraint, field.metadata) if limit]
-    return ", ".join([type_name(field.annotation), *limits])
+    return ", ".join([type_name(field.annotation, field.discriminator), *limits])
 
 
-def type_name(annotation: Any) -> str:
-    """``list of string``, ``one of `csv`, `jsonl```, ``mapping (see below) or null``."""
+def type_name(annotation: Any, discriminator: Any = None) -> str:
+    """``list of string``, ``one of `csv`, `jsonl```, ``mapping (see below) or null``; a
+    mapping picked by a tag names the tag's values: ``mapping (see below; `kind`: `local`,
+    `remote`)``."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if annotation is type(None):
         return "null"
     if origin is Literal:
         return "one of " + ", ".join(f"`{yaml_value(arg)}`" for arg in args)
     if origin in (typing.Union, types.UnionType):
+        members = [arg for arg in args if arg is not type(None)]
+        if isinstance(discriminator, str):
+            tags = ", ".join(f"`{_tag(member, discriminator)}`" for member in members)
+            tagged = f"{NESTED.removesuffix(')')}; `{discriminator}`: {tags})"
+            return tagged + (" or null" if len(members) < len(args) else "")
         return " or ".join(dict.fromkeys(type_name(arg) for arg in args))
     if origin is typing.Annotated:
+        tags = [item.discriminator for item in args[1:] if isinstance(item, FieldInfo)]
         limits = [limit for item in args[1:] for limit in _constraints(item)]
-        return type_name(args[0]) + (f" ({', '.join(limits)})" if limits else "")
+        named = type_name(args[0], next(filter(None, tags), discriminator))
+        return named + (f" ({', '.join(limits)})" if limits else "")
     if origin is tuple and args and args[-1] is not Ellipsis:
         return "[" + ", ".join(map(type_name, args)) + "]"  # a fixed length: [min, max]
     if origin in (list, tuple):
@@ -183,7 +192,8 @@ def type_name(annotation: Any) -> str:
     if origin is dict:
         return f"mapping of {type_name(args[0])} to {type_name(args[1])}"
     if _is_root_model(annotation):
-        return type_name(annotation.model_fields["root"].annotation)
+        root = annotation.model_fields["root"]
+        return type_name(root.annotation, root.discriminator)
     if _is_structure(annotation):
         return NESTED
     names = {str: "string", int: "integer", float: "number", bool: "boolean", Path: "path"}

@@ -95,7 +95,7 @@ DESCRIPTIONS: dict[tuple[type, str], str] = {
     (ExpertsConfig, "aux_loss_weight"): "weight of the load-balancing loss added to the model's",
     (TransformerConfig, "pooling"): "mean: the masked mean of the tokens; cls: a prepended "
     "classification token",
-    (MultiTaskConfig, "trunk"): "the shared network: an mlp, cnn or transformer mapping",
+    (MultiTaskConfig, "trunk"): "the network every head shares",
     (MultiTaskConfig, "head_hidden_units"): "widths of the hidden layers each head adds",
     (MultiTaskConfig, "head_activation"): "activation of the heads' hidden layers",
     (MultiTaskConfig, "head_dropout"): "dropout rate after each of the heads' hidden layers",

@@ -91,9 +91,12 @@ def test_paths_are_written_as_a_file_author_writes_them() -> None:
 
 def test_types_carry_their_constraints() -> None:
     keys = keys_by_path()
-    assert keys["sources"].type == "list of mapping (see below), at least 1 long"
+    assert (
+        keys["sources"].type
+        == "list of mapping (see below; `type`: `csv`, `jsonl`), at least 1 long"
+    )
     assert keys["sources[csv].path"].type == "path"
-    assert keys["model"].type == "mapping (see below) or null"
+    assert keys["model"].type == "mapping (see below; `type`: `dense`, `conv`) or null"
     assert keys["model.units"].type == "list of integer (> 0)"
     assert keys["model.window"].type == "[integer, integer]"
     assert keys["heads.<name>.weight"].type == "number, ≥ 0"
