@@ -21,7 +21,7 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -284,7 +284,7 @@ def render_sections(
     ``intro`` may put a paragraph between a heading and its table."""
     lines: list[str] = []
     for section, section_keys in sections(keys).items():
-        lines.append(f"\n## {section}\n")
+        lines.append(f"\n## {section.replace('<', '&lt;')}\n")  # a heading, not a tag
         paragraph = intro(section_keys)
         if paragraph:
             lines.append(paragraph + "\n")
@@ -296,3 +296,33 @@ def render_sections(
             "| " + " | ".join(fill(key) for _, fill in columns) + " |" for key in section_keys
         ]
     return lines
+
+
+def describe(key: Key, descriptions: Mapping[tuple[type, str], str]) -> str:
+    """The field's own description, else its entry in ``descriptions``, keyed by the class
+    that declares the field (so a field several sections share is described once); ""
+    if neither has one."""
+    return key.description or descriptions.get((key.declared_by, key.name), "")
+
+
+def render_reference(
+    header: str, keys: Sequence[Key], descriptions: Mapping[tuple[type, str], str]
+) -> str:
+    """A whole reference page: the header, then a key, type, default and description table
+    per section, with the section's model docstring above it the first time the model comes
+    (a section that repeats a model, such as a multi-task trunk's family, is not told twice)."""
+    told: set[type] = set()
+
+    def intro(section_keys: list[Key]) -> str | None:
+        owner = section_keys[0].owner
+        first = owner not in told
+        told.add(owner)
+        return docstring(owner) if first else None
+
+    columns = (
+        ("key", lambda key: f"`{key.path}`"),
+        ("type", lambda key: key.type),
+        ("default", lambda key: key.default),
+        ("description", lambda key: cell(describe(key, descriptions))),
+    )
+    return "\n".join([header, *render_sections(keys, columns, intro)]) + "\n"

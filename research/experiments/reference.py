@@ -8,13 +8,12 @@ the committed page and this output differ. Regenerate it with::
     python -m research.experiments.reference > docs/reference/experiment.md
 
 A key's meaning is its field's ``description`` when the model gives one, else the entry
-for its field in ``DESCRIPTIONS`` below (keyed by the class that declares the field, so
-a field every Transformer family shares is described once).
+for its field in ``DESCRIPTIONS`` below (``contracts.config_reference.describe``).
 """
 
 from __future__ import annotations
 
-from contracts.config_reference import Key, cell, config_keys, docstring, render_sections
+from contracts.config_reference import Key, config_keys, render_reference
 from research.experiments.config import (
     AugmentationConfig,
     CheckpointConfig,
@@ -146,10 +145,11 @@ config models in `research/experiments/config.py` and `research/models/configs.p
     python -m research.experiments.reference > docs/reference/experiment.md
 
 and checked by a test, so it cannot drift from what training accepts. Paths are relative
-to the experiment file. `{HEAD}` stands for a head's name (a label of the dataset). `training` needs exactly one of `epochs` and `steps`. `model` picks a
-family by its `type`; each family's keys are listed under its own heading. A script that
-builds its own model (`ExperimentTask(config, model_fn=...)`) may leave `model` out. The
-files in `examples/experiments/` are complete experiments.
+to the experiment file. `{HEAD}` stands for a head's name (a label of the dataset).
+`training` needs exactly one of `epochs` and `steps`. `model` picks a family by its
+`type`; each family's keys are listed under its own heading. A script that builds its own
+model (`ExperimentTask(config, model_fn=...)`) may leave `model` out. The files in
+`examples/experiments/` are complete experiments.
 """
 
 
@@ -158,31 +158,9 @@ def experiment_keys() -> list[Key]:
     return config_keys(ExperimentConfig, any_name=HEAD)
 
 
-def description(key: Key) -> str:
-    """The field's own description, else its entry in ``DESCRIPTIONS`` ("" if neither)."""
-    return key.description or DESCRIPTIONS.get((key.declared_by, key.name), "")
-
-
 def render() -> str:
-    """The whole reference as Markdown: one table per section, each family's own."""
-    columns = (
-        ("key", lambda key: f"`{key.path}`"),
-        ("type", lambda key: key.type),
-        ("default", lambda key: key.default),
-        ("description", lambda key: cell(description(key))),
-    )
-    told: set[type] = set()
-
-    def intro(keys: list[Key]) -> str | None:
-        """The section's model's docstring, the first time that model comes (a multi-task
-        trunk's families were described as models of their own)."""
-        owner = keys[0].owner
-        first = owner not in told
-        told.add(owner)
-        return docstring(owner) if first else None
-
-    lines = render_sections(experiment_keys(), columns, intro=intro)
-    return "\n".join([HEADER, *lines]) + "\n"
+    """The whole reference as Markdown: one table per section."""
+    return render_reference(HEADER, experiment_keys(), DESCRIPTIONS)
 
 
 def main() -> None:

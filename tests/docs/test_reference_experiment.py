@@ -1,8 +1,8 @@
-"""The experiment reference lists every family's keys, each with a meaning."""
+"""The experiment reference lists every model family's keys and the keys people look for."""
 
 from __future__ import annotations
 
-from research.experiments.reference import DESCRIPTIONS, description, experiment_keys
+from research.experiments.reference import experiment_keys
 
 
 def test_every_family_and_the_keys_people_look_for_are_listed() -> None:
@@ -23,18 +23,3 @@ def test_every_family_and_the_keys_people_look_for_are_listed() -> None:
         "distribution.mesh.model",
     }
     assert wanted <= paths
-
-
-def test_every_key_has_a_description() -> None:
-    missing = sorted({key.path for key in experiment_keys() if not description(key)})
-    assert missing == [], f"describe these keys (Field description or DESCRIPTIONS): {missing}"
-
-
-def test_descriptions_name_fields_that_have_none_of_their_own() -> None:
-    keys = {(key.declared_by, key.name): key for key in experiment_keys()}
-    unknown = sorted(
-        f"{cls.__name__}.{name}" for cls, name in DESCRIPTIONS if (cls, name) not in keys
-    )
-    assert unknown == [], "DESCRIPTIONS names fields no experiment has"
-    shadowing = sorted(f"{c.__name__}.{n}" for c, n in DESCRIPTIONS if keys[c, n].description)
-    assert shadowing == [], "these fields describe themselves: drop them from DESCRIPTIONS"

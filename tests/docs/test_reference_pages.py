@@ -20,6 +20,7 @@ GENERATED = {
     "cli.md": "slipway.cli_reference",
     "data-spec.md": "research.data.spec_reference",
     "experiment.md": "research.experiments.reference",
+    "gateway-yaml.md": "serving.config_reference",
 }
 # Pages mkdocstrings fills from docstrings at build time.
 API_PAGES = {"python-api.md"}
