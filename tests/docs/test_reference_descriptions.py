@@ -9,11 +9,13 @@ from types import ModuleType
 import pytest
 
 from contracts.config_reference import Key, describe
+from ops import analysis_reference as analysis
 from research.experiments import reference as experiment
 from serving import config_reference as gateway
 
 # Each generator with a table of descriptions, and the function listing its keys.
 GENERATORS: dict[str, tuple[ModuleType, Callable[[], list[Key]]]] = {
+    "analysis.yaml": (analysis, analysis.analysis_keys),
     "experiment": (experiment, experiment.experiment_keys),
     "gateway.yaml": (gateway, gateway.gateway_keys),
 }

@@ -17,6 +17,7 @@ REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference"
 
 # Page -> the module that generates it.
 GENERATED = {
+    "analysis-yaml.md": "ops.analysis_reference",
     "cli.md": "slipway.cli_reference",
     "data-spec.md": "research.data.spec_reference",
     "experiment.md": "research.experiments.reference",
