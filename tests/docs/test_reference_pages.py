@@ -22,6 +22,7 @@ GENERATED = {
     "data-spec.md": "research.data.spec_reference",
     "experiment.md": "research.experiments.reference",
     "gateway-yaml.md": "serving.config_reference",
+    "metrics.md": "slipway.metrics_reference",
 }
 # Pages mkdocstrings fills from docstrings at build time.
 API_PAGES = {"python-api.md"}
