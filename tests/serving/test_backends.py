@@ -28,55 +28,66 @@ from serving.errors import DeadlineExceeded, NotFound, Unavailable
 from serving.signature import Signature
 from serving.tensors import numpy_to_tensor_proto, tensor_proto_to_numpy
 from serving.warmup import warm_up
-from tests.serving import model_factory
+from tests.support.serving_models import ServingModel, sample_inputs
+from tests.support.warmup import Recording
 
 SIGNATURE = "serving_default"
 
 
 @pytest.fixture(scope="module")
-def savedmodel() -> Iterator[SavedModelBackend]:
-    backend = SavedModelBackend(model_factory.saved_model_dir())
+def savedmodel(serving_model: ServingModel) -> Iterator[SavedModelBackend]:
+    backend = SavedModelBackend(serving_model.saved_model_dir)
     yield backend
     backend.close()
 
 
 @pytest.fixture(scope="module")
-def tflite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TFLiteBackend]:
+def tflite(
+    tmp_path_factory: pytest.TempPathFactory, serving_model: ServingModel
+) -> Iterator[TFLiteBackend]:
     directory = tmp_path_factory.mktemp("tflite")
-    model_factory.write_version(directory, kind="tflite", manifest=False)
+    serving_model.write_version(directory, kind="tflite", manifest=False)
     backend = TFLiteBackend(directory / "model.tflite", num_threads=1)
     yield backend
     backend.close()
 
 
-def expected_signature() -> Signature:
-    return Signature.from_json(model_factory.signature_json())
+def expected_signature(serving_model: ServingModel) -> Signature:
+    return Signature.from_json(serving_model.signature_json())
 
 
-def test_savedmodel_signature_is_the_exported_one(savedmodel: SavedModelBackend) -> None:
+def test_savedmodel_signature_is_the_exported_one(
+    savedmodel: SavedModelBackend, serving_model: ServingModel
+) -> None:
     signature = savedmodel.signatures[SIGNATURE]
-    assert signature == expected_signature()
+    assert signature == expected_signature(serving_model)
     assert signature.inputs["image"].tensor_name == "serving_default_image:0"
 
 
-def test_tflite_signature_is_the_exported_one(tflite: TFLiteBackend) -> None:
-    assert tflite.signatures[SIGNATURE] == expected_signature()
+def test_tflite_signature_is_the_exported_one(
+    tflite: TFLiteBackend, serving_model: ServingModel
+) -> None:
+    assert tflite.signatures[SIGNATURE] == expected_signature(serving_model)
 
 
-def test_savedmodel_predicts_like_keras(savedmodel: SavedModelBackend) -> None:
-    inputs = model_factory.sample_inputs(5)
+def test_savedmodel_predicts_like_keras(
+    savedmodel: SavedModelBackend, serving_model: ServingModel
+) -> None:
+    inputs = sample_inputs(5)
     outputs = savedmodel.run(SIGNATURE, inputs)
-    expected = model_factory.keras_outputs(inputs)
+    expected = serving_model.keras_outputs(inputs)
     assert set(outputs) == {"label", "value"}
     for name in expected:
         np.testing.assert_allclose(outputs[name], expected[name], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("batch", [1, 5, 3])
-def test_tflite_predicts_like_keras_at_any_batch_size(tflite: TFLiteBackend, batch: int) -> None:
-    inputs = model_factory.sample_inputs(batch, seed=batch)
+def test_tflite_predicts_like_keras_at_any_batch_size(
+    tflite: TFLiteBackend, batch: int, serving_model: ServingModel
+) -> None:
+    inputs = sample_inputs(batch, seed=batch)
     outputs = tflite.run(SIGNATURE, inputs)
-    expected = model_factory.keras_outputs(inputs)
+    expected = serving_model.keras_outputs(inputs)
     for name in expected:
         assert outputs[name].shape == expected[name].shape
         np.testing.assert_allclose(outputs[name], expected[name], rtol=1e-4, atol=1e-5)
@@ -87,7 +98,7 @@ def test_concurrent_calls_get_their_own_answers(
     backend_name: str, request: pytest.FixtureRequest
 ) -> None:
     backend: Backend = request.getfixturevalue(backend_name)
-    batches = [model_factory.sample_inputs(1 + i % 4, seed=i) for i in range(24)]
+    batches = [sample_inputs(1 + i % 4, seed=i) for i in range(24)]
     expected = [backend.run(SIGNATURE, batch) for batch in batches]
     start = threading.Barrier(6)
 
@@ -106,7 +117,7 @@ def test_concurrent_calls_get_their_own_answers(
 @pytest.mark.parametrize("backend_name", ["savedmodel", "tflite"])
 def test_empty_batch(backend_name: str, request: pytest.FixtureRequest) -> None:
     backend: Backend = request.getfixturevalue(backend_name)
-    outputs = backend.run(SIGNATURE, model_factory.sample_inputs(0))
+    outputs = backend.run(SIGNATURE, sample_inputs(0))
     assert outputs["label"].shape == (0, 10) and outputs["value"].shape == (0, 1)
 
 
@@ -116,22 +127,22 @@ def test_unknown_signature_and_expired_deadline(
 ) -> None:
     backend: Backend = request.getfixturevalue(backend_name)
     with pytest.raises(NotFound, match="available signatures: serving_default"):
-        backend.run("classify", model_factory.sample_inputs(1))
+        backend.run("classify", sample_inputs(1))
     with pytest.raises(DeadlineExceeded):
-        backend.run(SIGNATURE, model_factory.sample_inputs(1), timeout=0)
+        backend.run(SIGNATURE, sample_inputs(1), timeout=0)
 
 
 @pytest.mark.parametrize("kind", ["savedmodel", "tflite"])
 def test_open_backend_picks_the_format_and_closed_backends_refuse(
-    kind: str, tmp_path: Path
+    kind: str, tmp_path: Path, serving_model: ServingModel
 ) -> None:
-    model_factory.write_version(tmp_path, kind=kind, manifest=False)
+    serving_model.write_version(tmp_path, kind=kind, manifest=False)
     backend = open_backend(tmp_path)
     assert isinstance(backend, SavedModelBackend if kind == "savedmodel" else TFLiteBackend)
     assert isinstance(backend, Backend)
     backend.close()
     with pytest.raises(Unavailable, match="unloaded"):
-        backend.run(SIGNATURE, model_factory.sample_inputs(1))
+        backend.run(SIGNATURE, sample_inputs(1))
 
 
 def test_open_backend_needs_a_model(tmp_path: Path) -> None:
@@ -140,22 +151,6 @@ def test_open_backend_needs_a_model(tmp_path: Path) -> None:
 
 
 # -- warm-up ----------------------------------------------------------------------------
-
-
-class Recording:
-    """Wraps a backend and records the batches it runs."""
-
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        self.signatures = backend.signatures
-        self.calls: list[tuple[str, dict[str, np.ndarray]]] = []
-
-    def run(self, name: str, inputs: dict, timeout: float | None = None) -> dict:
-        self.calls.append((name, inputs))
-        return self.backend.run(name, inputs, timeout)
-
-    def close(self) -> None:
-        self.backend.close()
 
 
 def test_no_warmup_file_means_no_warmup_requests(
@@ -176,7 +171,7 @@ def test_recorded_warmup_requests_are_replayed(
         for batch in (3, 2):
             request = predict_pb2.PredictRequest()
             request.model_spec.name = "digits"
-            for name, array in model_factory.sample_inputs(batch).items():
+            for name, array in sample_inputs(batch).items():
                 request.inputs[name].CopyFrom(numpy_to_tensor_proto(array))
             log = prediction_log_pb2.PredictionLog(
                 predict_log=prediction_log_pb2.PredictLog(request=request)
@@ -257,7 +252,7 @@ def test_remote_backend_reads_signatures_and_predicts(
     try:
         assert list(backend.signatures) == [SIGNATURE]
         assert backend.signatures[SIGNATURE] == savedmodel.signatures[SIGNATURE]
-        inputs = model_factory.sample_inputs(3)
+        inputs = sample_inputs(3)
         outputs = backend.run(SIGNATURE, inputs, timeout=10)
         local = savedmodel.run(SIGNATURE, inputs)
         for name in local:
@@ -276,13 +271,13 @@ def test_remote_backend_spreads_calls_over_its_channels(
     try:
         first = len(servicer.peers)
         for _ in range(6):
-            backend.run(SIGNATURE, model_factory.sample_inputs(1), timeout=10)
+            backend.run(SIGNATURE, sample_inputs(1), timeout=10)
         assert len(set(servicer.peers[first:])) == 3
         assert servicer.requests[-1].model_spec.version_label == "stable"
     finally:
         backend.close()
     with pytest.raises(Unavailable, match="closed"):
-        backend.run(SIGNATURE, model_factory.sample_inputs(1))
+        backend.run(SIGNATURE, sample_inputs(1))
 
 
 def test_remote_deadline_is_propagated(model_server: tuple[str, FakeModelServer]) -> None:
@@ -290,7 +285,7 @@ def test_remote_deadline_is_propagated(model_server: tuple[str, FakeModelServer]
     backend = RemoteBackend(target, "digits", "slow", pool_size=1)
     try:
         with pytest.raises(DeadlineExceeded, match=target):
-            backend.run(SIGNATURE, model_factory.sample_inputs(1), timeout=0.3)
+            backend.run(SIGNATURE, sample_inputs(1), timeout=0.3)
     finally:
         backend.close()
 
@@ -302,7 +297,7 @@ def test_remote_status_codes_come_back_as_serving_errors(
     backend = RemoteBackend(target, "other")
     try:
         with pytest.raises(NotFound, match="Servable not found: other"):
-            backend.run(SIGNATURE, model_factory.sample_inputs(1), timeout=10)
+            backend.run(SIGNATURE, sample_inputs(1), timeout=10)
     finally:
         backend.close()
 

@@ -6,10 +6,7 @@ INTERNAL, and none makes the gateway allocate what the request did not send."""
 from __future__ import annotations
 
 import base64
-import json
 import tracemalloc
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +22,9 @@ from serving.config import GatewayConfig
 from serving.errors import FailedPrecondition
 from serving.inference_results import top_classes, values_from_outputs
 from serving.tensors import numpy_to_tensor_proto
-from tests.serving.gateway_process import GatewayThread
-from tests.serving.test_tensors import proto
+from tests.support.gateways import GatewayThread
+from tests.support.http import http
+from tests.support.tensors import proto
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -95,15 +93,9 @@ def rpc_error(stub, message: predict_pb2.PredictRequest) -> grpc.RpcError:
     return caught.value
 
 
-def http(server: GatewayThread, path: str, body: Any) -> tuple[int, Any]:
-    call = urllib.request.Request(
-        server.rest_url + path, data=json.dumps(body).encode(), method="POST"
-    )
-    try:
-        with urllib.request.urlopen(call, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+def post(server: GatewayThread, path: str, body: Any) -> tuple[int, Any]:
+    """A JSON POST that may take a loaded gateway a while to refuse."""
+    return http(server, "POST", path, body, timeout=60)
 
 
 # -- a few bytes that declare a huge tensor ----------------------------------------------
@@ -202,13 +194,13 @@ def test_a_scalar_proto_of_the_right_type_runs(stub) -> None:
 
 
 def test_rest_scalars_work(server) -> None:
-    assert http(server, "/v1/models/half:predict", {"inputs": 3.0}) == (200, {"outputs": 3.5})
-    assert http(server, "/v1/models/half:predict", {"inputs": {"x": 3}}) == (
+    assert post(server, "/v1/models/half:predict", {"inputs": 3.0}) == (200, {"outputs": 3.5})
+    assert post(server, "/v1/models/half:predict", {"inputs": {"x": 3}}) == (
         200,
         {"outputs": 3.5},
     )
     body = {"inputs": {"b64": base64.b64encode(b"\x00\x01\x02").decode()}}
-    assert http(server, "/v1/models/length:predict", body) == (200, {"outputs": 3})
+    assert post(server, "/v1/models/length:predict", body) == (200, {"outputs": 3})
 
 
 @pytest.mark.parametrize(
@@ -222,13 +214,13 @@ def test_rest_scalars_work(server) -> None:
     ],
 )  # fmt: skip
 def test_rest_values_the_input_type_does_not_take_are_400(server, path, body, message) -> None:
-    status, answer = http(server, path, body)
+    status, answer = post(server, path, body)
     assert status == 400 and message in answer["error"], answer
 
 
 def test_rest_numbers_are_converted_as_tensorflow_serving_converts_them(server) -> None:
     body = {"inputs": {"x": [1e300, 2**25 + 1], "ids": [0, 0]}}
-    status, answer = http(server, "/v1/models/pair:predict", body)
+    status, answer = post(server, "/v1/models/pair:predict", body)
     assert status == 200 and answer["outputs"] == [float("inf"), float(np.float32(2**25 + 1))]
 
 

@@ -11,13 +11,13 @@ import pytest
 from contracts.model_manifest import list_files, verify_files
 from serving.errors import DataLoss, InvalidArgument, PermissionDenied
 from serving.model_files import model_format, read_model_manifest, safe_join, validate_model_name
-from tests.serving import model_factory
+from tests.support.serving_models import ServingModel
 
 
 @pytest.fixture
-def version_dir(tmp_path: Path) -> Path:
+def version_dir(tmp_path: Path, serving_model: ServingModel) -> Path:
     directory = tmp_path / "digits" / "1"
-    model_factory.write_version(directory)
+    serving_model.write_version(directory)
     return directory
 
 
@@ -88,8 +88,10 @@ def test_safe_join_refuses_anything_but_plain_names(tmp_path: Path, part: str) -
         safe_join(tmp_path, "model", part)
 
 
-def test_missing_manifest_means_a_plain_savedmodel(tmp_path: Path) -> None:
-    model_factory.write_version(tmp_path, manifest=False)
+def test_missing_manifest_means_a_plain_savedmodel(
+    tmp_path: Path, serving_model: ServingModel
+) -> None:
+    serving_model.write_version(tmp_path, manifest=False)
     assert read_model_manifest(tmp_path) is None
     assert model_format(tmp_path) == "savedmodel"
 

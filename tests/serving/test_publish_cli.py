@@ -13,7 +13,7 @@ import tensorflow as tf
 from contracts.model_manifest import verify_model_dir
 from serving.repository import ModelRepository
 from slipway.cli import main
-from tests.serving import model_factory
+from tests.support.serving_models import ServingModel
 
 MODEL = "foreign"
 
@@ -71,15 +71,15 @@ def test_publish_writes_a_verified_version_the_gateway_serves(
         repository.stop()
 
 
-def test_a_keras_export_keeps_its_signature(tmp_path: Path) -> None:
+def test_a_keras_export_keeps_its_signature(tmp_path: Path, serving_model: ServingModel) -> None:
     root = tmp_path / "models"
     source = tmp_path / "keras"
-    shutil.copytree(model_factory.saved_model_dir(), source)
+    shutil.copytree(serving_model.saved_model_dir, source)
     args = ["publish", str(source), "--model", "digits", "--model-root", str(root)]
     assert main([*args, "--version", "7"]) == 0
     manifest = json.loads((root / "digits" / "7" / "slipway.json").read_text())
-    assert manifest["signature"]["inputs"] == model_factory.signature_json()["inputs"]
-    assert manifest["signature"]["outputs"] == model_factory.signature_json()["outputs"]
+    assert manifest["signature"]["inputs"] == serving_model.signature_json()["inputs"]
+    assert manifest["signature"]["outputs"] == serving_model.signature_json()["outputs"]
     # An existing version is never replaced.
     assert main([*args, "--version", "7"]) == 2
 

@@ -25,9 +25,9 @@ from serving.repository import (
     disk_fingerprint,
 )
 from serving.warmup import warm_up
-from tests.serving import model_factory
+from tests.support.serving_models import CLASSES, MODEL_NAME, ServingModel, sample_inputs
 
-MODEL = model_factory.MODEL_NAME
+MODEL = MODEL_NAME
 SIGNATURE = "serving_default"
 END, AVAILABLE, UNLOADING = VersionState.END, VersionState.AVAILABLE, VersionState.UNLOADING
 
@@ -90,20 +90,20 @@ def wait_for(
 
 def predict(repository: ModelRepository, version: int | None = None) -> dict[str, np.ndarray]:
     with repository.servable(MODEL, version) as servable:
-        return servable.run(SIGNATURE, model_factory.sample_inputs(2))
+        return servable.run(SIGNATURE, sample_inputs(2))
 
 
 # -- discovery and policies ---------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def three_versions(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def three_versions(tmp_path_factory: pytest.TempPathFactory, serving_model: ServingModel) -> Path:
     """Versions 1-3 plus directories TensorFlow Serving would not take for versions."""
     root = tmp_path_factory.mktemp("three") / "models"
     for version in (1, 2, 3):
-        model_factory.publish(root, version)
+        serving_model.publish(root, version)
     for junk in (".staging-0a1b", "latest", "04", "-5"):
-        model_factory.write_version(root / MODEL / junk)
+        serving_model.write_version(root / MODEL / junk)
     (root / "not a model").mkdir()
     (root / ".hidden").mkdir()
     return root
@@ -157,8 +157,10 @@ def test_lookups_explain_what_exists(three_versions: Path, make) -> None:
 # -- lifecycle ----------------------------------------------------------------------------
 
 
-def test_new_version_is_loaded_and_warmed_up_before_it_is_available(root: Path, make) -> None:
-    model_factory.publish(root, 1)
+def test_new_version_is_loaded_and_warmed_up_before_it_is_available(
+    root: Path, make, serving_model: ServingModel
+) -> None:
+    serving_model.publish(root, 1)
     warmups: list[tuple[int, VersionState, list[int]]] = []
     events = Events()
 
@@ -175,7 +177,7 @@ def test_new_version_is_loaded_and_warmed_up_before_it_is_available(root: Path, 
     assert repository.wait_ready(timeout=60)
     assert repository.versions(MODEL) == [1]
 
-    model_factory.publish(root, 2)
+    serving_model.publish(root, 2)
     assert wait_for(repository, MODEL, 2, [AVAILABLE, END], timeout=60) == VersionStatus(
         2, AVAILABLE
     )
@@ -194,9 +196,11 @@ def test_new_version_is_loaded_and_warmed_up_before_it_is_available(root: Path, 
     assert [s.state for s in repository.status(MODEL)] == [END, END]
 
 
-def test_removed_version_unloads_after_requests_in_flight(root: Path, make) -> None:
+def test_removed_version_unloads_after_requests_in_flight(
+    root: Path, make, serving_model: ServingModel
+) -> None:
     for version in (1, 2):
-        model_factory.publish(root, version)
+        serving_model.publish(root, version)
     repository = make(root, policies={MODEL: VersionPolicy("all")})
     repository.poll()
     with repository.servable(MODEL, 1) as servable:
@@ -209,17 +213,19 @@ def test_removed_version_unloads_after_requests_in_flight(root: Path, make) -> N
         with pytest.raises(NotFound, match="is unloading"), servable:
             pass
         # The request already in flight still completes on the old version.
-        assert servable.run(SIGNATURE, model_factory.sample_inputs(1))["value"].shape == (1, 1)
+        assert servable.run(SIGNATURE, sample_inputs(1))["value"].shape == (1, 1)
         with pytest.raises(TimeoutError):
             wait_for(repository, MODEL, 1, [END], timeout=0.2)
     assert wait_for(repository, MODEL, 1, [END], timeout=30) == VersionStatus(1, END)
     with pytest.raises(Unavailable):
-        servable.backend.run(SIGNATURE, model_factory.sample_inputs(1))
+        servable.backend.run(SIGNATURE, sample_inputs(1))
     assert predict(repository, 2)["label"].shape == (2, 10)
 
 
-def test_unloading_stops_waiting_after_the_timeout(root: Path, make) -> None:
-    model_factory.publish(root, 1)
+def test_unloading_stops_waiting_after_the_timeout(
+    root: Path, make, serving_model: ServingModel
+) -> None:
+    serving_model.publish(root, 1)
     repository = make(root, unload_timeout=0.05)
     repository.poll()
     with repository.servable(MODEL, 1):
@@ -231,9 +237,11 @@ def test_unloading_stops_waiting_after_the_timeout(root: Path, make) -> None:
 # -- refusals -----------------------------------------------------------------------------
 
 
-def test_tampered_version_ends_with_data_loss_while_others_serve(root: Path, make) -> None:
-    model_factory.publish(root, 1)
-    tampered = model_factory.publish(root, 2)
+def test_tampered_version_ends_with_data_loss_while_others_serve(
+    root: Path, make, serving_model: ServingModel
+) -> None:
+    serving_model.publish(root, 1)
+    tampered = serving_model.publish(root, 2)
     data = tampered / "variables" / "variables.data-00000-of-00001"
     content = bytearray(data.read_bytes())
     content[-1] ^= 0x01
@@ -259,17 +267,19 @@ def test_tampered_version_ends_with_data_loss_while_others_serve(root: Path, mak
     assert [p.name for p in opened] == ["1"]
 
     shutil.rmtree(tampered)
-    model_factory.publish(root, 2)  # republished: a new directory is tried again
+    serving_model.publish(root, 2)  # republished: a new directory is tried again
     repository.poll()
     assert repository.status(MODEL, 2) == [VersionStatus(2, AVAILABLE)]
     assert wait_for(repository, MODEL, 1, [END], timeout=30).state is END
 
 
-def test_version_that_fails_to_load_keeps_its_error(root: Path, make) -> None:
-    model_factory.publish(root, 1)
-    broken = model_factory.publish(root, 2)
+def test_version_that_fails_to_load_keeps_its_error(
+    root: Path, make, serving_model: ServingModel
+) -> None:
+    serving_model.publish(root, 1)
+    broken = serving_model.publish(root, 2)
     (broken / "saved_model.pb").write_bytes(b"definitely not a SavedModel")
-    manifest = model_factory.signature_json()
+    manifest = serving_model.signature_json()
     write_model_manifest(
         broken, {"name": MODEL, "signature": manifest, "files": file_checksums(broken)}
     )
@@ -281,8 +291,10 @@ def test_version_that_fails_to_load_keeps_its_error(root: Path, make) -> None:
     assert repository.versions(MODEL) == [1]
 
 
-def test_failing_warmup_keeps_the_version_out(root: Path, make) -> None:
-    model_factory.publish(root, 1)
+def test_failing_warmup_keeps_the_version_out(
+    root: Path, make, serving_model: ServingModel
+) -> None:
+    serving_model.publish(root, 1)
 
     def failing_warmup(backend: Backend, path: Path) -> None:
         raise InvalidArgument("warm-up request 0 does not match the signature")
@@ -297,9 +309,9 @@ def test_failing_warmup_keeps_the_version_out(root: Path, make) -> None:
 
 
 def test_plain_savedmodel_is_served_with_a_warning_unless_strict(
-    root: Path, make, caplog: pytest.LogCaptureFixture
+    root: Path, make, caplog: pytest.LogCaptureFixture, serving_model: ServingModel
 ) -> None:
-    model_factory.publish(root, 1, manifest=False)
+    serving_model.publish(root, 1, manifest=False)
     with caplog.at_level(logging.WARNING, logger="serving.repository"):
         lenient = make(root)
         lenient.poll()
@@ -314,25 +326,25 @@ def test_plain_savedmodel_is_served_with_a_warning_unless_strict(
     assert "strict mode" in status.error_message
 
 
-def test_tflite_versions_are_served(root: Path, make) -> None:
-    model_factory.publish(root, 4, kind="tflite")
+def test_tflite_versions_are_served(root: Path, make, serving_model: ServingModel) -> None:
+    serving_model.publish(root, 4, kind="tflite")
     repository = make(root)
     repository.poll()
     servable = repository.servable(MODEL)
     assert servable.version == 4
-    assert servable.manifest["labels"]["label"]["classes"] == model_factory.CLASSES
-    inputs = model_factory.sample_inputs(3)
+    assert servable.manifest["labels"]["label"]["classes"] == CLASSES
+    inputs = sample_inputs(3)
     with servable:
         outputs = servable.run(SIGNATURE, inputs)
-    expected = model_factory.keras_outputs(inputs)
+    expected = serving_model.keras_outputs(inputs)
     np.testing.assert_allclose(outputs["label"], expected["label"], rtol=1e-4, atol=1e-5)
 
 
 def test_version_directories_leading_outside_the_root_are_refused(
-    root: Path, tmp_path: Path, make
+    root: Path, tmp_path: Path, make, serving_model: ServingModel
 ) -> None:
     outside = tmp_path / "elsewhere"
-    model_factory.write_version(outside)
+    serving_model.write_version(outside)
     (root / MODEL).mkdir()
     (root / MODEL / "5").symlink_to(outside)
     repository = make(root)
@@ -342,13 +354,15 @@ def test_version_directories_leading_outside_the_root_are_refused(
     assert "leads outside" in status.error_message
 
 
-def test_without_a_poll_interval_the_disk_is_read_only_when_asked(root: Path, make) -> None:
+def test_without_a_poll_interval_the_disk_is_read_only_when_asked(
+    root: Path, make, serving_model: ServingModel
+) -> None:
     """A pool's worker: its supervisor watches the disk and asks it to poll."""
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     repository = make(root, poll_interval=None, policies={MODEL: VersionPolicy("all")})
     repository.start()
     assert repository.wait_ready(timeout=60)
-    model_factory.publish(root, 2)
+    serving_model.publish(root, 2)
     # The polling thread is parked: a version published meanwhile is not even seen.
     assert repository.status(MODEL, None) == [VersionStatus(1, AVAILABLE)]
     repository.request_poll()
@@ -356,15 +370,17 @@ def test_without_a_poll_interval_the_disk_is_read_only_when_asked(root: Path, ma
     assert repository.versions(MODEL) == [1, 2]
 
 
-def test_the_disk_fingerprint_changes_with_what_a_poll_would_find(root: Path) -> None:
+def test_the_disk_fingerprint_changes_with_what_a_poll_would_find(
+    root: Path, serving_model: ServingModel
+) -> None:
     assert disk_fingerprint(root) == disk_fingerprint(root)
     empty = disk_fingerprint(root)
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     one = disk_fingerprint(root)
     assert one != empty
     (root / MODEL / "staging-2").mkdir()  # not a version: invisible to a poll
     assert disk_fingerprint(root) == one
     shutil.rmtree(root / MODEL / "1")
-    model_factory.publish(root, 1)  # republished in place: a new directory
+    serving_model.publish(root, 1)  # republished in place: a new directory
     assert disk_fingerprint(root) != one
     assert disk_fingerprint(root / "missing") == ()

@@ -19,9 +19,9 @@ from tensorflow_serving.apis import classification_pb2, predict_pb2, prediction_
 
 from serving.inference_results import classes_from_outputs, classification_proto, top_classes
 from serving.tensors import float32_json_value, outputs_to_predictions
-from tests.serving.gateway_process import GatewayThread
-from tests.serving.test_rest_api import http
-from tests.serving.test_warmup_files import example, write_half_plus_two
+from tests.support.gateways import GatewayThread
+from tests.support.http import http
+from tests.support.warmup import example, write_half_plus_two
 
 pytestmark = pytest.mark.timeout(120)
 

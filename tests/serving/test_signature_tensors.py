@@ -24,7 +24,7 @@ from serving.tensors import (
     outputs_to_predictions,
     tensor_proto_to_numpy,
 )
-from tests.serving.test_tensors import proto as _proto
+from tests.support.tensors import proto as _proto
 
 NUMERIC = [
     np.float32,

@@ -22,18 +22,7 @@ from serving.tensors import (
     tensor_proto_to_numpy,
 )
 from serving.validation import validate_inputs
-
-
-def proto(dtype: int, dims: list[int], **fields: object) -> TensorProto:
-    message = TensorProto(dtype=dtype)
-    for size in dims:
-        message.tensor_shape.dim.add(size=size)
-    for name, value in fields.items():
-        if isinstance(value, list):
-            getattr(message, name).extend(value)
-        else:
-            setattr(message, name, value)
-    return message
+from tests.support.tensors import proto
 
 
 def signature(**specs: tuple[object, tuple[int | None, ...] | None]) -> Signature:

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.core.example.example_pb2 import Example
 from tensorflow_serving.apis import (
     classification_pb2,
     inference_pb2,
@@ -23,38 +22,9 @@ from serving.backends.savedmodel import SavedModelBackend
 from serving.errors import InvalidArgument, ServingError
 from serving.tensors import numpy_to_tensor_proto
 from serving.warmup import MAX_WARMUP_RECORDS, WARMUP_FILE, warm_up
-from tests.serving.test_backends import Recording
+from tests.support.warmup import Recording, example, write_half_plus_two
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def write_half_plus_two(directory: Path) -> None:
-    """TF Serving's half_plus_two layout: serialized tf.Examples parsed in the graph with
-    a required feature ``x``; ``y = 0.5 * x + 2``. Classify/regress signatures included."""
-
-    spec = {"x": tf.io.FixedLenFeature([1], tf.float32)}
-
-    class HalfPlusTwo(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
-        def regress(self, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
-            x = tf.io.parse_example(serialized, spec)["x"]
-            return {"outputs": 0.5 * x + 2.0}
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
-        def classify(self, serialized: tf.Tensor) -> dict[str, tf.Tensor]:
-            x = tf.io.parse_example(serialized, spec)["x"]
-            return {"scores": tf.concat([x, 0.5 * x + 2.0], axis=1)}
-
-    module = HalfPlusTwo()
-    tf.saved_model.save(
-        module,
-        str(directory),
-        signatures={
-            "serving_default": module.regress,
-            "regress_x_to_y": module.regress,
-            "classify_x_to_y": module.classify,
-        },
-    )
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +39,6 @@ def backend(version_dir: Path) -> Iterator[SavedModelBackend]:
     loaded = SavedModelBackend(version_dir)
     yield loaded
     loaded.close()
-
-
-def example(x: float) -> Example:
-    parsed = Example()
-    parsed.features.feature["x"].float_list.value.append(x)
-    return parsed
 
 
 def write_records(directory: Path, logs: list[prediction_log_pb2.PredictionLog]) -> Path:
