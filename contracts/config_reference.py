@@ -4,8 +4,9 @@ Every YAML file Slipway reads is loaded into a pydantic model (``contracts.yaml_
 so the models are the one complete list of its keys, their types, constraints and
 defaults. The generated reference pages (the dataset spec, experiments, ``gateway.yaml``,
 ``analysis.yaml``) walk a model with ``config_keys`` and print the keys with
-``render_sections``: a key added, renamed or given another default changes the page, and
-the page's test fails until it is regenerated.
+``render_reference`` (``render_sections`` for a page with columns of its own): a key
+added, renamed or given another default changes the page, and the page's test fails
+until it is regenerated.
 
 A key's path is written as a file author writes it: ``clean.pii.kinds``; ``<name>`` for
 a key the author chooses (a mapping's key); ``sources[csv].path`` for a key of the list
@@ -267,7 +268,7 @@ def docstring(owner: type) -> str | None:
     return re.sub(r"``([^`]+)``", r"`\1`", text).replace("<", "&lt;") if texts else None
 
 
-def sections(keys: Sequence[Key]) -> dict[str, list[Key]]:
+def _sections(keys: Sequence[Key]) -> dict[str, list[Key]]:
     """The keys under each heading, headings in the order their first key comes."""
     grouped: dict[str, list[Key]] = {}
     for key in keys:
@@ -283,7 +284,7 @@ def render_sections(
     """One Markdown table per heading; ``columns`` names each column and fills its cells,
     ``intro`` may put a paragraph between a heading and its table."""
     lines: list[str] = []
-    for section, section_keys in sections(keys).items():
+    for section, section_keys in _sections(keys).items():
         lines.append(f"\n## {section.replace('<', '&lt;')}\n")  # a heading, not a tag
         paragraph = intro(section_keys)
         if paragraph:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,7 +113,7 @@ def _children(parser: argparse.ArgumentParser) -> Iterator[Command]:
                 yield Command(child.prog, summaries[name], child, subcommands)
 
 
-def leaves(items: list[Command] | tuple[Command, ...]) -> Iterator[Command]:
+def leaves(items: Sequence[Command]) -> Iterator[Command]:
     """The commands that run something (those without sub-commands), in order."""
     for command in items:
         yield from leaves(command.subcommands) if command.subcommands else [command]
