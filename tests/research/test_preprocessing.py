@@ -19,7 +19,7 @@ from research.preprocessing.categorical import OOV_ID, category_lookup
 from research.preprocessing.image import ImageDecoder
 from research.preprocessing.numeric import standardizer
 from research.preprocessing.preprocessor import FeaturePreprocessor, statistics_split
-from tests.research.test_input_pipeline import png, write_dataset
+from tests.support.records import png, write_dataset
 from training.export import IMAGE_ARRAYS_SIGNATURE, ExportError, save_serving_model
 
 
