@@ -9,7 +9,6 @@ import datetime
 import ipaddress
 import json
 import ssl
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -26,7 +25,6 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from tensorflow_serving.apis import (
     model_management_pb2,
     model_service_pb2_grpc,
-    predict_pb2,
     prediction_service_pb2_grpc,
 )
 
@@ -34,9 +32,10 @@ from serving.admin import AdminAuth
 from serving.config import GatewayConfig, load_config
 from serving.errors import PermissionDenied, Unauthenticated
 from serving.routing import ModelRouting, RoutingConfig, load_routing, write_routing
-from serving.tensors import numpy_to_tensor_proto
-from tests.serving import model_factory
-from tests.serving.gateway_process import GatewayThread
+from tests.support.gateways import GatewayThread
+from tests.support.grpc_requests import predict_request
+from tests.support.serving_models import ServingModel
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -126,10 +125,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def root(tmp_path_factory: pytest.TempPathFactory, serving_model: ServingModel) -> Path:
     root = tmp_path_factory.mktemp("admin") / "models"
     for version in (1, 2):
-        model_factory.publish(root, version)
+        serving_model.publish(root, version)
     return root
 
 
@@ -202,16 +201,6 @@ def secure_channel(server: GatewayThread, pki: Pki, *, certificate: bool = True)
         pki.client_cert.read_bytes() if certificate else None,
     )
     return grpc.secure_channel(server.grpc_target, credentials)
-
-
-def predict_request(label: str | None = None, rows: int = 1) -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "digits"
-    if label is not None:
-        request.model_spec.version_label = label
-    for name, array in model_factory.sample_inputs(rows).items():
-        request.inputs[name].CopyFrom(numpy_to_tensor_proto(array))
-    return request
 
 
 def reload_request(**labels: int) -> model_management_pb2.ReloadConfigRequest:
@@ -299,10 +288,10 @@ def test_admin_routing_is_written_to_the_shared_file_and_applied(secure, pki) ->
 def test_a_routing_file_written_by_another_replica_is_picked_up(secure, pki) -> None:
     path = secure.server.config.routing_file
     write_routing(path, RoutingConfig(models={"digits": ModelRouting(labels={"stable": 2})}))
-    deadline = time.monotonic() + 30
-    while secure.gateway.routing_config().for_model("digits").labels != {"stable": 2}:
-        assert time.monotonic() < deadline, "routing file change not picked up"
-        time.sleep(0.05)  # the watcher reads the file on its own schedule
+    wait_until(
+        lambda: secure.gateway.routing_config().for_model("digits").labels == {"stable": 2},
+        "the routing file change to be picked up",
+    )
     assert https(secure, pki, "POST", "/admin/reload")[0] == 200
 
 

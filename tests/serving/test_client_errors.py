@@ -18,9 +18,9 @@ from tensorflow_serving.apis import (
 
 from serving.config import GatewayConfig
 from serving.errors import MAX_ECHO_CHARS, client_message
-from tests.serving import model_factory
-from tests.serving.gateway_process import GatewayThread
-from tests.serving.test_rest_api import http
+from tests.support.gateways import GatewayThread
+from tests.support.http import http
+from tests.support.serving_models import ServingModel
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -28,9 +28,9 @@ LONG = "m" * 10_000
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def root(tmp_path_factory: pytest.TempPathFactory, serving_model: ServingModel) -> Path:
     root = tmp_path_factory.mktemp("secret-place") / "models"
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     (root / "broken" / "1").mkdir(parents=True)  # a version with no model in it
     (root / "broken" / "1" / "README").write_text("nothing here\n")
     return root

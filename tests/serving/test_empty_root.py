@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -15,18 +13,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serving.config import GatewayConfig, load_config
 from serving.server import GatewayServer
-from tests.serving import model_factory
-from tests.serving.gateway_process import GatewayThread
+from tests.support.gateways import GatewayThread
+from tests.support.serving_models import MODEL_NAME, ServingModel
+from tests.support.waiting import wait_until
 
-MODEL = model_factory.MODEL_NAME
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+MODEL = MODEL_NAME
 
 
 class Started(GatewayThread):
@@ -55,19 +46,20 @@ class Started(GatewayThread):
 
 
 def test_an_empty_root_warns_and_is_not_ready_until_a_model_is_published(
-    root: Path, caplog: pytest.LogCaptureFixture
+    root: Path, caplog: pytest.LogCaptureFixture, serving_model: ServingModel
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="serving.gateway"):
         server = Started(root, GatewayConfig(poll_interval_s=0.2))
         with server:
             wait_until(lambda: "holds no models" in caplog.text, "the warning")
             assert str(root) in caplog.text
-            time.sleep(0.3)  # a poll or two later, still nothing to serve
+            for _ in range(2):  # a poll or two later, still nothing to serve
+                server.gateway.repository.poll()
             assert not server.gateway.health.ready
             assert server.readyz() == 503
             assert server.overall_health() == health_pb2.HealthCheckResponse.NOT_SERVING
 
-            model_factory.publish(root, 1)
+            serving_model.publish(root, 1)
             wait_until(lambda: server.gateway.health.ready, "readiness once a model loads")
             assert server.readyz() == 200
             assert server.overall_health() == health_pb2.HealthCheckResponse.SERVING

@@ -23,8 +23,8 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from serving.config import GatewayConfig
 from serving.tensors import numpy_to_tensor_proto, tensor_proto_to_numpy
-from tests.serving import model_factory
-from tests.serving.gateway_process import GatewayThread
+from tests.support.gateways import GatewayThread
+from tests.support.serving_models import ServingModel, sample_inputs
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -37,9 +37,11 @@ ACCEPTABLE = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+def server(
+    tmp_path_factory: pytest.TempPathFactory, serving_model: ServingModel
+) -> Iterator[GatewayThread]:
     root: Path = tmp_path_factory.mktemp("fuzz") / "models"
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     config = GatewayConfig.model_validate({"batching": {"batch_timeout_micros": 3000}})
     with GatewayThread(root, config) as thread:
         yield thread
@@ -52,10 +54,10 @@ def stub(server: GatewayThread) -> Iterator[prediction_service_pb2_grpc.Predicti
 
 
 @pytest.fixture(scope="module")
-def good_traffic(server, stub) -> Iterator[list[str]]:
+def good_traffic(server, stub, serving_model: ServingModel) -> Iterator[list[str]]:
     """Valid requests sent all through the fuzzing; each must get the right answer."""
-    inputs = model_factory.sample_inputs(2, seed=11)
-    expected = model_factory.keras_outputs(inputs)
+    inputs = sample_inputs(2, seed=11)
+    expected = serving_model.keras_outputs(inputs)
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "digits"
     for name, array in inputs.items():
@@ -111,7 +113,7 @@ def tensor_protos(draw: st.DrawFn) -> TensorProto:
 
 
 def valid_proto(name: str) -> TensorProto:
-    return numpy_to_tensor_proto(model_factory.sample_inputs(1)[name])
+    return numpy_to_tensor_proto(sample_inputs(1)[name])
 
 
 @st.composite
@@ -207,14 +209,16 @@ def test_random_json_never_crashes_the_rest_api(server, good_traffic, data, verb
     assert good_traffic == []
 
 
-def test_the_gateway_still_answers_correctly_after_the_fuzzing(server, stub, good_traffic) -> None:
-    inputs = model_factory.sample_inputs(3, seed=2)
+def test_the_gateway_still_answers_correctly_after_the_fuzzing(
+    server, stub, good_traffic, serving_model: ServingModel
+) -> None:
+    inputs = sample_inputs(3, seed=2)
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "digits"
     for name, array in inputs.items():
         request.inputs[name].CopyFrom(numpy_to_tensor_proto(array))
     response = stub.Predict(request, timeout=10)
-    expected = model_factory.keras_outputs(inputs)
+    expected = serving_model.keras_outputs(inputs)
     np.testing.assert_allclose(
         tensor_proto_to_numpy(response.outputs["label"]), expected["label"], rtol=1e-5
     )

@@ -7,9 +7,8 @@ One gateway serves a small repository for the whole module: ``digits`` (versions
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -33,9 +32,11 @@ from tensorflow_serving.apis import (
 
 from serving.config import GatewayConfig
 from serving.routing import ModelRouting
-from serving.tensors import numpy_to_tensor_proto, tensor_proto_to_numpy
-from tests.serving import model_factory
-from tests.serving.gateway_process import GatewayThread
+from serving.tensors import tensor_proto_to_numpy
+from tests.support.gateways import GatewayThread
+from tests.support.grpc_requests import predict_request
+from tests.support.serving_models import CLASSES, ServingModel, sample_inputs
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,14 +70,16 @@ def write_incompatible_version(directory: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+def server(
+    tmp_path_factory: pytest.TempPathFactory, serving_model: ServingModel
+) -> Iterator[GatewayThread]:
     base = tmp_path_factory.mktemp("grpc")
     root = base / "models"
     for version in (1, 2):
-        model_factory.publish(root, version)
-    model_factory.publish(root, 1, name="queued")
-    model_factory.publish(root, 1, name="together")
-    model_factory.publish(root, 1, name="flaky")
+        serving_model.publish(root, version)
+    serving_model.publish(root, 1, name="queued")
+    serving_model.publish(root, 1, name="together")
+    serving_model.publish(root, 1, name="flaky")
     write_incompatible_version(root / "flaky" / "2")
     (base / "token").write_text(TOKEN)
     config = GatewayConfig.model_validate(
@@ -124,32 +127,12 @@ def models(channel: grpc.Channel) -> model_service_pb2_grpc.ModelServiceStub:
     return model_service_pb2_grpc.ModelServiceStub(channel)
 
 
-def predict_request(
-    model: str = "digits",
-    inputs: dict[str, np.ndarray] | None = None,
-    *,
-    version: int | None = None,
-    label: str | None = None,
-    signature: str = "",
-) -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = model
-    if version is not None:
-        request.model_spec.version.value = version
-    if label is not None:
-        request.model_spec.version_label = label
-    request.model_spec.signature_name = signature
-    for name, array in (inputs or model_factory.sample_inputs(2)).items():
-        request.inputs[name].CopyFrom(numpy_to_tensor_proto(array))
-    return request
-
-
 def outputs_of(response: predict_pb2.PredictResponse) -> dict[str, np.ndarray]:
     return {name: tensor_proto_to_numpy(proto) for name, proto in response.outputs.items()}
 
 
 def examples(count: int) -> list[Example]:
-    inputs = model_factory.sample_inputs(count, seed=3)
+    inputs = sample_inputs(count, seed=3)
     made = []
     for index in range(count):
         example = Example()
@@ -175,27 +158,18 @@ def set_labels(models: model_service_pb2_grpc.ModelServiceStub, model: str, **la
     assert response.status.error_code == 0
 
 
-async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Wait on the gateway's loop for something its background tasks do."""
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.02)
-
-
-def sample(server: GatewayThread, name: str, labels: dict[str, str]) -> float:
-    return server.gateway.metrics.registry.get_sample_value(name, labels) or 0.0
-
-
 # -- PredictionService --------------------------------------------------------------------
 
 
-def test_predict_by_name_answers_like_the_model_from_the_highest_version(predictions) -> None:
-    inputs = model_factory.sample_inputs(3)
+def test_predict_by_name_answers_like_the_model_from_the_highest_version(
+    predictions, serving_model: ServingModel
+) -> None:
+    inputs = sample_inputs(3)
     response = predictions.Predict(predict_request(inputs=inputs), timeout=10)
     assert response.model_spec.name == "digits"
     assert response.model_spec.version.value == 2
     assert response.model_spec.signature_name == "serving_default"
-    expected = model_factory.keras_outputs(inputs)
+    expected = serving_model.keras_outputs(inputs)
     for name, array in outputs_of(response).items():
         np.testing.assert_allclose(array, expected[name], rtol=1e-5, atol=1e-6)
 
@@ -258,8 +232,7 @@ def test_sticky_keys_keep_a_user_on_one_side_of_the_canary_split(
             seen.setdefault(f"user-{user}", set()).add(response.model_spec.version.value)
     assert all(len(versions) == 1 for versions in seen.values())
     assert set().union(*seen.values()) == {1, 2}
-    canary = sample(
-        server,
+    canary = server.metric(
         "slipway_gateway_requests_total",
         {"model": "digits", "version": "2", "route": "canary", "code": "OK", "api": "grpc"},
     )
@@ -275,18 +248,18 @@ def test_shadow_traffic_is_mirrored_and_compared(server, predictions) -> None:
     )
     server.run(server.gateway.set_model_routing("digits", routing))
     labels = {"model": "digits", "version": "2"}
-    before = sample(server, "slipway_gateway_shadow_agreement_count", labels)
+    before = server.metric("slipway_gateway_shadow_agreement_count", labels)
     for _ in range(5):
-        assert predictions.Predict(predict_request(), timeout=10).model_spec.version.value == 1
-    server.run(
-        until(
-            lambda: sample(server, "slipway_gateway_shadow_agreement_count", labels) >= before + 5
-        )
+        request = predict_request(rows=2)  # two rows: a comparison over more than one
+        assert predictions.Predict(request, timeout=10).model_spec.version.value == 1
+    wait_until(
+        lambda: server.metric("slipway_gateway_shadow_agreement_count", labels) >= before + 5,
+        "five mirrored requests to be compared",
     )
     # Versions 1 and 2 are the same model: they agree on every row.
-    assert sample(server, "slipway_gateway_shadow_abs_diff_sum", labels) == 0
-    assert sample(server, "slipway_gateway_shadow_agreement_sum", labels) == sample(
-        server, "slipway_gateway_shadow_agreement_count", labels
+    assert server.metric("slipway_gateway_shadow_abs_diff_sum", labels) == 0
+    assert server.metric("slipway_gateway_shadow_agreement_sum", labels) == server.metric(
+        "slipway_gateway_shadow_agreement_count", labels
     )
     server.run(
         server.gateway.set_model_routing("digits", ModelRouting(labels={"stable": 1, "canary": 2}))
@@ -300,8 +273,7 @@ def test_a_failing_canary_fails_over_to_stable_and_counts_against_the_canary(
     server.run(server.gateway.set_model_routing("flaky", routing))
     response = predictions.Predict(predict_request("flaky"), timeout=10)
     assert response.model_spec.version.value == 1
-    failed = sample(
-        server,
+    failed = server.metric(
         "slipway_gateway_requests_total",
         {
             "model": "flaky",
@@ -313,8 +285,7 @@ def test_a_failing_canary_fails_over_to_stable_and_counts_against_the_canary(
     )
     assert failed == 1
     assert (
-        sample(
-            server,
+        server.metric(
             "slipway_gateway_failovers_total",
             {"model": "flaky", "from_version": "2", "to_version": "1"},
         )
@@ -326,16 +297,18 @@ def test_a_failing_canary_fails_over_to_stable_and_counts_against_the_canary(
     assert "expected int64 [-1, 4]" in error.details()
 
 
-def test_classify_names_the_classes_from_slipway_json(predictions) -> None:
+def test_classify_names_the_classes_from_slipway_json(
+    predictions, serving_model: ServingModel
+) -> None:
     request = classification_pb2.ClassificationRequest()
     request.model_spec.name = "digits"
     request.model_spec.version.value = 2
     request.input.example_list.examples.extend(examples(3))
     response = predictions.Classify(request, timeout=10)
-    expected = model_factory.keras_outputs(model_factory.sample_inputs(3, seed=3))["label"]
+    expected = serving_model.keras_outputs(sample_inputs(3, seed=3))["label"]
     assert len(response.result.classifications) == 3
     for row, scores in zip(response.result.classifications, expected, strict=True):
-        assert [c.label for c in row.classes] == model_factory.CLASSES
+        assert [c.label for c in row.classes] == CLASSES
         np.testing.assert_allclose([c.score for c in row.classes], scores, rtol=1e-5)
 
 
@@ -351,13 +324,13 @@ def test_classify_with_context_shares_features_across_examples(predictions) -> N
     assert len(response.result.classifications) == 2
 
 
-def test_regress_returns_one_value_per_example(predictions) -> None:
+def test_regress_returns_one_value_per_example(predictions, serving_model: ServingModel) -> None:
     request = regression_pb2.RegressionRequest()
     request.model_spec.name = "digits"
     request.model_spec.version.value = 2
     request.input.example_list.examples.extend(examples(3))
     response = predictions.Regress(request, timeout=10)
-    expected = model_factory.keras_outputs(model_factory.sample_inputs(3, seed=3))["value"]
+    expected = serving_model.keras_outputs(sample_inputs(3, seed=3))["value"]
     np.testing.assert_allclose(
         [r.value for r in response.result.regressions], expected[:, 0], rtol=1e-5
     )
@@ -451,7 +424,7 @@ def test_a_malformed_tensor_proto_is_an_invalid_argument(predictions) -> None:
 
 
 def test_concurrent_requests_are_batched_and_answered_as_if_alone(server, predictions) -> None:
-    requests = [model_factory.sample_inputs(1 + i % 3, seed=i) for i in range(24)]
+    requests = [sample_inputs(1 + i % 3, seed=i) for i in range(24)]
     rows = sum(len(r["image"]) for r in requests)
     assert rows == TOGETHER_ROWS  # so they fill one batch of ``together`` exactly
     alone = [
@@ -459,8 +432,8 @@ def test_concurrent_requests_are_batched_and_answered_as_if_alone(server, predic
         for r in requests
     ]
     labels = {"model": "together", "version": "1"}
-    batches_before = sample(server, "slipway_gateway_batch_size_count", labels)
-    rows_before = sample(server, "slipway_gateway_batch_size_sum", labels)
+    batches_before = server.metric("slipway_gateway_batch_size_count", labels)
+    rows_before = server.metric("slipway_gateway_batch_size_sum", labels)
     with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
         together = list(
             pool.map(
@@ -473,25 +446,23 @@ def test_concurrent_requests_are_batched_and_answered_as_if_alone(server, predic
     for single, batched in zip(alone, together, strict=True):
         for name in single:
             np.testing.assert_allclose(batched[name], single[name], rtol=1e-5, atol=1e-6)
-    assert sample(server, "slipway_gateway_batch_size_count", labels) - batches_before == 1
-    assert sample(server, "slipway_gateway_batch_size_sum", labels) - rows_before == rows
+    assert server.metric("slipway_gateway_batch_size_count", labels) - batches_before == 1
+    assert server.metric("slipway_gateway_batch_size_sum", labels) - rows_before == rows
 
 
 def test_a_deadline_shorter_than_the_batch_window_is_answered_in_time(server, predictions) -> None:
     # ``queued`` never cuts a batch by its window: the call's own deadline must (at the
     # latest start it leaves, a tenth of its 5 s before the end).
     labels = {"model": "queued", "version": "1"}
-    executed = sample(server, "slipway_gateway_batch_size_count", labels)
+    executed = server.metric("slipway_gateway_batch_size_count", labels)
     response = predictions.Predict(predict_request("queued"), timeout=5)
     assert response.model_spec.version.value == 1
-    assert sample(server, "slipway_gateway_batch_size_count", labels) == executed + 1
+    assert server.metric("slipway_gateway_batch_size_count", labels) == executed + 1
 
 
 def test_a_full_queue_answers_unavailable_at_once(predictions) -> None:
     # 10 rows need 3 batches of 4, but only one batch may wait.
-    error = rpc_error(
-        predictions.Predict, predict_request("queued", model_factory.sample_inputs(10)), timeout=10
-    )
+    error = rpc_error(predictions.Predict, predict_request("queued", sample_inputs(10)), timeout=10)
     assert error.code() == grpc.StatusCode.UNAVAILABLE
     assert "queue is full" in error.details()
 

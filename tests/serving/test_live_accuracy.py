@@ -3,12 +3,8 @@ answer, feedback over REST and gRPC, and PredictionLog files read back with Tens
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import numpy as np
@@ -18,17 +14,19 @@ from google.protobuf import struct_pb2
 from prometheus_client.parser import text_string_to_metric_families
 from tensorflow_serving.apis import (
     classification_pb2,
-    predict_pb2,
     prediction_log_pb2,
     prediction_service_pb2_grpc,
 )
 
 from serving.config import GatewayConfig
 from serving.metrics import STATUS_CODES
+from serving.process import GatewayProcess
 from serving.request_id import id_fraction
-from serving.tensors import numpy_to_tensor_proto, tensor_proto_to_numpy
-from tests.serving import model_factory
-from tests.serving.gateway_process import GatewayProcess, GatewayThread
+from serving.tensors import tensor_proto_to_numpy
+from tests.support.gateways import GatewayThread
+from tests.support.grpc_requests import predict_request
+from tests.support.http import fetch
+from tests.support.serving_models import ServingModel, sample_inputs, sample_instances
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -42,47 +40,19 @@ def stub(server: GatewayThread) -> Iterator[prediction_service_pb2_grpc.Predicti
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+def server(
+    tmp_path_factory: pytest.TempPathFactory, serving_model: ServingModel
+) -> Iterator[GatewayThread]:
     root = tmp_path_factory.mktemp("accuracy") / "models"
-    model_factory.publish(root, 1)
-    model_factory.publish(root, 1, name="fresh")  # no request ever reaches it before a scrape
+    serving_model.publish(root, 1)
+    serving_model.publish(root, 1, name="fresh")  # no request ever reaches it before a scrape
     config = GatewayConfig.model_validate({"batching": {"batch_timeout_micros": 1000}})
     with GatewayThread(root, config) as thread:
         yield thread
 
 
-def http(
-    url: str, method: str, body: Any = None, headers: dict[str, str] | None = None
-) -> tuple[int, Any, dict[str, str]]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            status, text, answer_headers = response.status, response.read(), response.headers
-    except urllib.error.HTTPError as exc:
-        status, text, answer_headers = exc.code, exc.read(), exc.headers
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        parsed = text.decode()
-    return status, parsed, dict(answer_headers)
-
-
-def predict_body(rows: int = 1, seed: int = 0) -> dict[str, Any]:
-    inputs = model_factory.sample_inputs(rows, seed)
-    return {"instances": [{n: a[i].tolist() for n, a in inputs.items()} for i in range(rows)]}
-
-
-def predict_request(rows: int = 1, model: str = "digits") -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = model
-    for name, array in model_factory.sample_inputs(rows).items():
-        request.inputs[name].CopyFrom(numpy_to_tensor_proto(array))
-    return request
-
-
 def scrape(server: GatewayThread) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    status, text, _ = http(server.rest_url + "/metrics", "GET")
+    status, text, _ = fetch(server.rest_url + "/metrics", "GET")
     assert status == 200
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
@@ -120,7 +90,7 @@ def test_series_exist_at_zero_after_load_and_one_failure_makes_exactly_one(
         for outcome in ("correct", "incorrect"):
             assert before[feedback_series(outcome, "fresh", route)] == 0
 
-    status, _, _ = http(
+    status, _, _ = fetch(
         server.rest_url + "/v1/models/fresh:predict", "POST", {"instances": [{"image": [1]}]}
     )
     assert status == 400
@@ -158,13 +128,13 @@ def test_grpc_answers_carry_a_request_id_in_metadata(
 
 def test_rest_answers_carry_a_request_id_header(server: GatewayThread) -> None:
     url = server.rest_url + "/v1/models/digits:predict"
-    status, _, headers = http(url, "POST", predict_body())
+    status, _, headers = fetch(url, "POST", sample_instances())
     assert status == 200 and len(headers["X-Request-Id"]) == 32
-    status, _, headers = http(url, "POST", predict_body(), {"X-Request-Id": "mine-1"})
+    status, _, headers = fetch(url, "POST", sample_instances(), {"X-Request-Id": "mine-1"})
     assert status == 200 and headers["X-Request-Id"] == "mine-1"
-    status, _, headers = http(server.rest_url + "/v1/models/nope", "GET")
+    status, _, headers = fetch(server.rest_url + "/v1/models/nope", "GET")
     assert status == 404 and len(headers["X-Request-Id"]) == 32
-    status, body, headers = http(url, "POST", predict_body(), {"X-Request-Id": "a\tb"})
+    status, body, headers = fetch(url, "POST", sample_instances(), {"X-Request-Id": "a\tb"})
     assert status == 400 and "x-request-id" in body["error"]
     assert len(headers["X-Request-Id"]) == 32
 
@@ -174,14 +144,14 @@ def test_rest_answers_carry_a_request_id_header(server: GatewayThread) -> None:
 
 def test_rest_feedback_counts_correct_and_incorrect_rows_once(server: GatewayThread) -> None:
     url = server.rest_url + "/v1/models/digits"
-    status, body, _ = http(
-        url + ":predict", "POST", predict_body(2, seed=3), {"X-Request-Id": "fb-1"}
+    status, body, _ = fetch(
+        url + ":predict", "POST", sample_instances(2, seed=3), {"X-Request-Id": "fb-1"}
     )
     assert status == 200
     served = [int(np.argmax(row["label"])) for row in body["predictions"]]
     before = scrape(server)
     labels = [served[0], (served[1] + 1) % 10]
-    status, answer, headers = http(
+    status, answer, headers = fetch(
         url + "/feedback", "POST", {"request_id": "fb-1", "labels": labels}
     )
     assert status == 200, answer
@@ -191,15 +161,15 @@ def test_rest_feedback_counts_correct_and_incorrect_rows_once(server: GatewayThr
     for outcome in ("correct", "incorrect"):
         assert after[feedback_series(outcome)] == before[feedback_series(outcome)] + 1
 
-    status, answer, _ = http(
+    status, answer, _ = fetch(
         url + "/feedback", "POST", {"request_id": "fb-1", "row": 0, "label": 1}
     )
     assert status == 409 and "already has a label" in answer["error"]
-    status, answer, _ = http(url + "/feedback", "POST", {"request_id": "never", "label": 1})
+    status, answer, _ = fetch(url + "/feedback", "POST", {"request_id": "never", "label": 1})
     assert status == 404 and "unknown or expired" in answer["error"]
-    status, answer, _ = http(url + "/feedback", "POST", {"request_id": "fb-1", "lable": 1})
+    status, answer, _ = fetch(url + "/feedback", "POST", {"request_id": "fb-1", "lable": 1})
     assert status == 400 and "lable" in answer["error"]
-    status, _, _ = http(url + "/versions/1/feedback", "POST", {"request_id": "fb-1", "label": 1})
+    status, _, _ = fetch(url + "/versions/1/feedback", "POST", {"request_id": "fb-1", "label": 1})
     assert status == 400
     assert scrape(server)[feedback_series("correct")] == after[feedback_series("correct")]
 
@@ -209,7 +179,7 @@ def test_grpc_feedback_on_a_classify_answer_by_class_name(
 ) -> None:
     request = classification_pb2.ClassificationRequest()
     request.model_spec.name = "digits"
-    inputs = model_factory.sample_inputs(1, seed=5)
+    inputs = sample_inputs(1, seed=5)
     example = request.input.example_list.examples.add()
     example.features.feature["image"].float_list.value.extend(inputs["image"].ravel().tolist())
     example.features.feature["extra"].int64_list.value.extend(inputs["extra"].ravel().tolist())
@@ -262,9 +232,10 @@ def sampled_ids(prefix: str, count: int, fraction: float = 0.5) -> list[str]:
 
 def test_prediction_logs_hold_grpc_and_rest_predicts_sampled_by_request_id(
     tmp_path: Path,
+    serving_model: ServingModel,
 ) -> None:
     root = tmp_path / "models"
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     config = GatewayConfig.model_validate(
         {"prediction_log": {"directory": str(tmp_path / "logs"), "sample": 0.5,
                             "max_file_bytes": 4096}}
@@ -275,11 +246,11 @@ def test_prediction_logs_hold_grpc_and_rest_predicts_sampled_by_request_id(
         with grpc.insecure_channel(server.grpc_target) as channel:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
             grpc_answer = stub.Predict(
-                predict_request(2), metadata=(("x-request-id", grpc_id),), timeout=30
+                predict_request(rows=2), metadata=(("x-request-id", grpc_id),), timeout=30
             )
         url = server.rest_url + "/v1/models/digits:predict"
         for request_id in [rest_id, *batch_ids]:
-            status, _, _ = http(url, "POST", predict_body(), {"X-Request-Id": request_id})
+            status, _, _ = fetch(url, "POST", sample_instances(), {"X-Request-Id": request_id})
             assert status == 200
     logs = {log.log_metadata.request_origin: log for log in read_logs(tmp_path / "logs")}
     assert len(list((tmp_path / "logs").glob("*.tfrecord"))) > 1  # rotated by size
@@ -295,7 +266,7 @@ def test_prediction_logs_hold_grpc_and_rest_predicts_sampled_by_request_id(
         assert metadata.sampling_config.sampling_rate == 0.5
         assert metadata.timestamp_secs > 0
     logged = logs[grpc_id].predict_log
-    sent = model_factory.sample_inputs(2)
+    sent = sample_inputs(2)
     for name in ("image", "extra"):
         np.testing.assert_array_equal(
             tensor_proto_to_numpy(logged.request.inputs[name]), sent[name]
@@ -310,11 +281,13 @@ def test_prediction_logs_hold_grpc_and_rest_predicts_sampled_by_request_id(
     assert tensor_proto_to_numpy(rest_logged.response.outputs["label"]).shape == (1, 10)
 
 
+@pytest.mark.process
 def test_sigterm_closes_the_prediction_log_of_a_gateway_started_with_the_flags(
     tmp_path: Path,
+    serving_model: ServingModel,
 ) -> None:
     root = tmp_path / "models"
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     logs = tmp_path / "logs"
 
     class LoggingGateway(GatewayProcess):
@@ -323,8 +296,8 @@ def test_sigterm_closes_the_prediction_log_of_a_gateway_started_with_the_flags(
             return [*super().command(), *flags]
 
     with LoggingGateway(root) as gateway:
-        status, _, headers = http(
-            gateway.rest_url + "/v1/models/digits:predict", "POST", predict_body(),
+        status, _, headers = fetch(
+            gateway.rest_url + "/v1/models/digits:predict", "POST", sample_instances(),
             {"X-Request-Id": "last-words"},
         )  # fmt: skip
         assert status == 200

@@ -12,17 +12,19 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from serving.config import GatewayConfig
 from serving.metrics import GatewayMetrics
-from tests.serving import model_factory
-from tests.serving.gateway_process import GatewayThread
-from tests.serving.test_rest_api import http
+from tests.support.gateways import GatewayThread
+from tests.support.http import http
+from tests.support.serving_models import ServingModel, sample_inputs
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+def server(
+    tmp_path_factory: pytest.TempPathFactory, serving_model: ServingModel
+) -> Iterator[GatewayThread]:
     root: Path = tmp_path_factory.mktemp("labels") / "models"
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     with GatewayThread(root, GatewayConfig(poll_interval_s=0.2)) as thread:
         yield thread
 
@@ -66,7 +68,7 @@ def test_bogus_versions_labels_and_models_leave_the_series_count_unchanged(serve
 
 
 def test_an_existing_version_keeps_its_own_label(server) -> None:
-    inputs = model_factory.sample_inputs(1)
+    inputs = sample_inputs(1)
     body = {"instances": [{name: array[0].tolist() for name, array in inputs.items()}]}
     assert http(server, "POST", "/v1/models/digits/versions/1:predict", body)[0] == 200
     assert any(

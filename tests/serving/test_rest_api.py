@@ -4,12 +4,8 @@ the probes and metrics, and version changes under load."""
 from __future__ import annotations
 
 import base64
-import json
 import shutil
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +15,10 @@ import pytest
 import tensorflow as tf
 
 from serving.config import GatewayConfig
-from tests.serving import model_factory
-from tests.serving.gateway_process import GatewayThread
+from tests.support.gateways import GatewayThread
+from tests.support.http import http
+from tests.support.serving_models import CLASSES, ServingModel, sample_inputs
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,12 +40,12 @@ def write_text_model(directory: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def root(tmp_path_factory: pytest.TempPathFactory, serving_model: ServingModel) -> Path:
     root = tmp_path_factory.mktemp("rest") / "models"
-    model_factory.publish(root, 1)
-    model_factory.publish(root, 1, name="swap")
-    model_factory.publish(root, 1, name="guarded")
-    model_factory.publish(root, 1, name="queued")
+    serving_model.publish(root, 1)
+    serving_model.publish(root, 1, name="swap")
+    serving_model.publish(root, 1, name="guarded")
+    serving_model.publish(root, 1, name="queued")
     write_text_model(root / "text" / "1")
     return root
 
@@ -71,29 +69,6 @@ def server(root: Path) -> Iterator[GatewayThread]:
     )
     with GatewayThread(root, config) as thread:
         yield thread
-
-
-def http(
-    server: GatewayThread,
-    method: str,
-    path: str,
-    body: Any = None,
-    headers: dict[str, str] | None = None,
-    raw: bytes | None = None,
-) -> tuple[int, Any]:
-    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        server.rest_url + path, data=data, method=method, headers=headers or {}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            status, text = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, text = exc.code, exc.read()
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text.decode()
 
 
 def instance(inputs: dict[str, np.ndarray], row: int) -> dict[str, Any]:
@@ -136,8 +111,8 @@ def test_metadata_path(server) -> None:
 # -- predict -----------------------------------------------------------------------------
 
 
-def test_predict_row_format(server) -> None:
-    inputs = model_factory.sample_inputs(3)
+def test_predict_row_format(server, serving_model: ServingModel) -> None:
+    inputs = sample_inputs(3)
     status, body = http(
         server,
         "POST",
@@ -145,22 +120,22 @@ def test_predict_row_format(server) -> None:
         {"instances": [instance(inputs, i) for i in range(3)]},
     )
     assert status == 200
-    expected = model_factory.keras_outputs(inputs)
+    expected = serving_model.keras_outputs(inputs)
     assert len(body["predictions"]) == 3
     for row, prediction in enumerate(body["predictions"]):
         np.testing.assert_allclose(prediction["label"], expected["label"][row], rtol=1e-5)
         np.testing.assert_allclose(prediction["value"], expected["value"][row], rtol=1e-5)
 
 
-def test_predict_columnar_format_by_version(server) -> None:
-    inputs = model_factory.sample_inputs(2)
+def test_predict_columnar_format_by_version(server, serving_model: ServingModel) -> None:
+    inputs = sample_inputs(2)
     body = {
         "signature_name": "serving_default",
         "inputs": {k: v.tolist() for k, v in inputs.items()},
     }
     status, answer = http(server, "POST", "/v1/models/digits/versions/1:predict", body)
     assert status == 200
-    expected = model_factory.keras_outputs(inputs)
+    expected = serving_model.keras_outputs(inputs)
     np.testing.assert_allclose(answer["outputs"]["label"], expected["label"], rtol=1e-5)
 
 
@@ -221,17 +196,17 @@ def test_malformed_json_is_a_400(server) -> None:
 # -- classify / regress --------------------------------------------------------------------
 
 
-def test_classify_and_regress(server) -> None:
-    inputs = model_factory.sample_inputs(2, seed=5)
+def test_classify_and_regress(server, serving_model: ServingModel) -> None:
+    inputs = sample_inputs(2, seed=5)
     examples = [
         {"image": inputs["image"][i].ravel().tolist(), "extra": inputs["extra"][i].tolist()}
         for i in range(2)
     ]
-    expected = model_factory.keras_outputs(inputs)
+    expected = serving_model.keras_outputs(inputs)
     status, answer = http(server, "POST", "/v1/models/digits:classify", {"examples": examples})
     assert status == 200
     for row, scores in zip(answer["results"], expected["label"], strict=True):
-        assert [label for label, _ in row] == model_factory.CLASSES
+        assert [label for label, _ in row] == CLASSES
         np.testing.assert_allclose([score for _, score in row], scores, rtol=1e-5)
     status, answer = http(server, "POST", "/v1/models/digits:regress", {"examples": examples})
     assert status == 200
@@ -246,7 +221,7 @@ def test_classify_and_regress(server) -> None:
 
 
 def test_timeout_header_is_honoured(server) -> None:
-    inputs = {k: v.tolist() for k, v in model_factory.sample_inputs(1).items()}
+    inputs = {k: v.tolist() for k, v in sample_inputs(1).items()}
     status, answer = http(
         server,
         "POST",
@@ -268,7 +243,7 @@ def test_timeout_header_is_honoured(server) -> None:
 
 
 def test_a_full_queue_is_a_503(server) -> None:
-    inputs = {k: v.tolist() for k, v in model_factory.sample_inputs(10).items()}
+    inputs = {k: v.tolist() for k, v in sample_inputs(10).items()}
     status, answer = http(server, "POST", "/v1/models/queued:predict", {"inputs": inputs})
     assert status == 503 and "queue is full" in answer["error"]
 
@@ -284,7 +259,7 @@ def test_probes_and_metrics(server) -> None:
         server,
         "POST",
         "/v1/models/digits:predict",
-        {"instances": [instance(model_factory.sample_inputs(1), 0)]},
+        {"instances": [instance(sample_inputs(1), 0)]},
     )
     status, text = http(server, "GET", "/metrics")
     assert status == 200
@@ -299,21 +274,15 @@ def test_probes_and_metrics(server) -> None:
 # -- versions changing under traffic ----------------------------------------------------------
 
 
-def wait_for(condition, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)  # the repository polls the disk on its own schedule
-
-
 def states(server: GatewayThread, model: str) -> dict[str, dict[str, Any]]:
     _, body = http(server, "GET", f"/v1/models/{model}")
     return {entry["version"]: entry for entry in body["model_version_status"]}
 
 
-def test_hot_swap_under_concurrent_load_fails_no_request(server, root) -> None:
-    body = {"instances": [instance(model_factory.sample_inputs(1), 0)]}
+def test_hot_swap_under_concurrent_load_fails_no_request(
+    server, root, serving_model: ServingModel
+) -> None:
+    body = {"instances": [instance(sample_inputs(1), 0)]}
     results: list[tuple[int, Any]] = []
     stop = threading.Event()
 
@@ -325,13 +294,15 @@ def test_hot_swap_under_concurrent_load_fails_no_request(server, root) -> None:
     for thread in clients:
         thread.start()
     try:
-        wait_for(lambda: len(results) > 20, "traffic on version 1")
-        model_factory.publish(root, 2, name="swap")
-        wait_for(
-            lambda: states(server, "swap").get("1", {}).get("state") == "END", "version 1 unloaded"
+        wait_until(lambda: len(results) > 20, "traffic on version 1", timeout=60)
+        serving_model.publish(root, 2, name="swap")
+        wait_until(
+            lambda: states(server, "swap").get("1", {}).get("state") == "END",
+            "version 1 unloaded",
+            timeout=60,
         )
         served = len(results)
-        wait_for(lambda: len(results) > served + 20, "traffic on version 2")
+        wait_until(lambda: len(results) > served + 20, "traffic on version 2", timeout=60)
     finally:
         stop.set()
         for thread in clients:
@@ -341,15 +312,19 @@ def test_hot_swap_under_concurrent_load_fails_no_request(server, root) -> None:
     assert states(server, "swap")["2"]["state"] == "AVAILABLE"
 
 
-def test_a_tampered_version_is_refused_while_the_others_serve(server, root) -> None:
+def test_a_tampered_version_is_refused_while_the_others_serve(
+    server, root, serving_model: ServingModel
+) -> None:
     staging = root / "guarded" / ".staging-tampered"
-    model_factory.write_version(staging, name="guarded")
+    serving_model.write_version(staging, name="guarded")
     variables = next((staging / "variables").glob("variables.data-*"))
     data = variables.read_bytes()
     variables.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))  # same size, other bytes
     staging.rename(root / "guarded" / "2")
-    wait_for(
-        lambda: states(server, "guarded").get("2", {}).get("state") == "END", "version 2 refused"
+    wait_until(
+        lambda: states(server, "guarded").get("2", {}).get("state") == "END",
+        "version 2 refused",
+        timeout=60,
     )
     refused = states(server, "guarded")["2"]["status"]
     assert refused["error_code"] == "DATA_LOSS"
@@ -359,7 +334,7 @@ def test_a_tampered_version_is_refused_while_the_others_serve(server, root) -> N
         server,
         "POST",
         "/v1/models/guarded:predict",
-        {"instances": [instance(model_factory.sample_inputs(1), 0)]},
+        {"instances": [instance(sample_inputs(1), 0)]},
     )
     assert status == 200 and len(answer["predictions"]) == 1
     shutil.rmtree(root / "guarded" / "2")

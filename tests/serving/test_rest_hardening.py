@@ -23,9 +23,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from serving.config import GatewayConfig
 from serving.errors import InvalidArgument
 from serving.rest_api import json_to_feature
-from tests.serving import model_factory
-from tests.serving.gateway_process import GatewayThread
-from tests.serving.test_rest_api import http
+from tests.support.gateways import GatewayThread
+from tests.support.http import http
+from tests.support.serving_models import ServingModel
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -45,9 +46,11 @@ def write_sum_model(directory: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+def server(
+    tmp_path_factory: pytest.TempPathFactory, serving_model: ServingModel
+) -> Iterator[GatewayThread]:
     root = tmp_path_factory.mktemp("hardening") / "models"
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     write_sum_model(root / "wide" / "1")
     config = GatewayConfig.model_validate(
         {
@@ -155,10 +158,11 @@ def test_a_client_hanging_up_mid_body_is_counted_not_logged_as_an_error(
     with caplog.at_level(logging.DEBUG):
         for _ in range(hangups):
             hang_up_mid_body(server)
-        deadline = time.monotonic() + 60
-        while metric_value(server, series) < before + hangups:
-            assert time.monotonic() < deadline, "the disconnects were not all counted"
-            time.sleep(0.05)  # the gateway notices the resets on its own loop
+        wait_until(  # the gateway notices the resets on its own loop
+            lambda: metric_value(server, series) >= before + hangups,
+            "every disconnect to be counted",
+            timeout=60,
+        )
     assert metric_value(server, series) == before + hangups
     loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
     assert loud == [], [r.getMessage() for r in loud]
@@ -219,6 +223,7 @@ def predict_big(server: GatewayThread, body: bytes) -> tuple[int, Any]:
     return http(server, "POST", "/v1/models/wide:predict", raw=body)
 
 
+@pytest.mark.process  # large bodies are parsed in worker processes
 def test_a_32_mib_body_does_not_stall_the_loop_that_serves_grpc(server) -> None:
     body, row = big_body(32)
     assert len(body) >= 32 * 2**20
@@ -280,6 +285,7 @@ def test_a_32_mib_body_does_not_stall_the_loop_that_serves_grpc(server) -> None:
     assert latencies and max(latencies) < 1.0, latencies
 
 
+@pytest.mark.process  # large bodies are parsed in worker processes
 def test_a_large_bad_body_is_refused_with_the_same_messages(server) -> None:
     body, _ = big_body(1)
     status, answer = http(server, "POST", "/v1/models/wide:predict", raw=body[:-5])

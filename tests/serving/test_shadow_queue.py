@@ -14,13 +14,13 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from serving.config import GatewayConfig
 from serving.routing import ModelRouting
 from serving.tensors import numpy_to_tensor_proto
-from tests.serving import model_factory
-from tests.serving.gateway_process import GatewayThread
-from tests.serving.test_grpc_api import sample, until
+from tests.support.gateways import GatewayThread
+from tests.support.serving_models import MODEL_NAME, ServingModel, sample_inputs
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
-MODEL = model_factory.MODEL_NAME
+MODEL = MODEL_NAME
 MIRRORED = 12  # real requests to stable, each copied to the canary
 
 
@@ -29,19 +29,21 @@ def request(*, version: int | None = None, fill: float = 0.0) -> predict_pb2.Pre
     made.model_spec.name = MODEL
     if version is not None:
         made.model_spec.version.value = version
-    for name, array in model_factory.sample_inputs(1).items():
+    for name, array in sample_inputs(1).items():
         value = np.full_like(array, fill) if name == "image" else array
         made.inputs[name].CopyFrom(numpy_to_tensor_proto(value))
     return made
 
 
 @pytest.fixture
-def stalled_shadow(tmp_path) -> Iterator[tuple[GatewayThread, threading.Event]]:  # noqa: ANN001
+def stalled_shadow(
+    tmp_path, serving_model: ServingModel
+) -> Iterator[tuple[GatewayThread, threading.Event]]:  # noqa: ANN001
     """Stable 1 mirrors every request to canary 2, whose model stalls on the mirrored
     inputs (blank images) until released; one batch thread, one row per batch."""
     root = tmp_path / "models"
     for version in (1, 2):
-        model_factory.publish(root, version)
+        serving_model.publish(root, version)
     config = GatewayConfig.model_validate(
         {
             "models": {
@@ -85,20 +87,21 @@ def test_a_stalled_shadow_neither_delays_nor_refuses_real_requests(stalled_shado
         for _ in range(MIRRORED):
             assert stub.Predict(request(), timeout=30).model_spec.version.value == 1
         # The shadow queue holds one running and one queued copy: the rest were shed.
-        server.run(until(lambda: sample(server, "slipway_gateway_shadow_requests_total", shed) > 0))
+        wait_until(
+            lambda: server.metric("slipway_gateway_shadow_requests_total", shed) > 0,
+            "a mirrored copy to be shed",
+        )
         # Real requests to the stalled canary version go through their own queue.
         for _ in range(5):
             answer = stub.Predict(request(version=2, fill=0.5), timeout=30)
             assert answer.model_spec.version.value == 2
-        shed_copies = sample(server, "slipway_gateway_shadow_requests_total", shed)
+        shed_copies = server.metric("slipway_gateway_shadow_requests_total", shed)
         assert 0 < shed_copies <= MIRRORED - 2
         release.set()
         ok = {"model": MODEL, "version": "2", "code": "OK"}
-        server.run(
-            until(
-                lambda: (
-                    sample(server, "slipway_gateway_shadow_requests_total", ok) + shed_copies
-                    >= MIRRORED
-                )
-            )
+        wait_until(
+            lambda: (
+                server.metric("slipway_gateway_shadow_requests_total", ok) + shed_copies >= MIRRORED
+            ),
+            "every mirrored copy to be answered or shed",
         )

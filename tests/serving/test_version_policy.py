@@ -6,8 +6,6 @@ Serving's ``latest`` does."""
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,36 +13,29 @@ import pytest
 from serving.config import GatewayConfig
 from serving.repository import ModelRepository, VersionPolicy, VersionState
 from serving.routing import ModelRouting, RoutingConfig, write_routing
-from tests.serving import model_factory
-from tests.serving.gateway_process import GatewayThread
+from tests.support.gateways import GatewayThread
+from tests.support.serving_models import MODEL_NAME, ServingModel, sample_inputs
+from tests.support.waiting import wait_until
 
-MODEL = model_factory.MODEL_NAME
+MODEL = MODEL_NAME
 
 
 def states(repository: ModelRepository) -> dict[int, VersionState]:
     return {status.version: status.state for status in repository.status(MODEL)}
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 # -- the repository ---------------------------------------------------------------------
 
 
 def test_latest_one_keeps_a_version_routing_names_beside_the_newest(
-    root: Path, repositories: list[ModelRepository]
+    root: Path, repositories: list[ModelRepository], serving_model: ServingModel
 ) -> None:
     named: dict[str, set[int]] = {MODEL: {1}}
     repository = ModelRepository(root, pinned=lambda model: named.get(model, set()))
     repositories.append(repository)
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     repository.poll()
-    model_factory.publish(root, 2)
+    serving_model.publish(root, 2)
     repository.poll()
     assert repository.versions(MODEL) == [1, 2]
 
@@ -55,10 +46,10 @@ def test_latest_one_keeps_a_version_routing_names_beside_the_newest(
 
 
 def test_a_named_version_is_loaded_even_when_the_policy_would_skip_it(
-    root: Path, repositories: list[ModelRepository]
+    root: Path, repositories: list[ModelRepository], serving_model: ServingModel
 ) -> None:
     for version in (1, 2, 3):
-        model_factory.publish(root, version)
+        serving_model.publish(root, version)
     repository = ModelRepository(
         root,
         default_policy=VersionPolicy("specific", versions=(3,)),
@@ -71,13 +62,13 @@ def test_a_named_version_is_loaded_even_when_the_policy_would_skip_it(
 
 
 def test_without_routing_the_policy_alone_decides(
-    root: Path, repositories: list[ModelRepository]
+    root: Path, repositories: list[ModelRepository], serving_model: ServingModel
 ) -> None:
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     repository = ModelRepository(root)
     repositories.append(repository)
     repository.poll()
-    model_factory.publish(root, 2)
+    serving_model.publish(root, 2)
     repository.poll()
     wait_until(lambda: repository.versions(MODEL) == [2], "version 1 to unload")
 
@@ -92,22 +83,22 @@ def predict_version(server: GatewayThread, **kwargs) -> int:
             kwargs.get("version"),
             kwargs.get("label"),
             "serving_default",
-            lambda _signature: model_factory.sample_inputs(2),
+            lambda _signature: sample_inputs(2),
         )
     )
     return result.version
 
 
 def test_publishing_a_canary_under_the_default_policy_keeps_stable_serving(
-    tmp_path: Path, root: Path
+    tmp_path: Path, root: Path, serving_model: ServingModel
 ) -> None:
     routing_file = tmp_path / "routing.yaml"
     write_routing(routing_file, RoutingConfig(models={MODEL: ModelRouting(labels={"stable": 1})}))
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     config = GatewayConfig(routing_file=routing_file, poll_interval_s=0.2)
     with GatewayThread(root, config) as server:
         gateway = server.gateway
-        model_factory.publish(root, 2)
+        serving_model.publish(root, 2)
         server.run(gateway.reload())
         assert gateway.available_versions(MODEL) == [1, 2]
         # The new version takes no traffic of its own: requests naming nothing stay on stable.
@@ -130,13 +121,13 @@ def test_publishing_a_canary_under_the_default_policy_keeps_stable_serving(
 
 
 def test_without_a_stable_label_the_newest_version_takes_over_and_says_so(
-    root: Path, caplog: pytest.LogCaptureFixture
+    root: Path, caplog: pytest.LogCaptureFixture, serving_model: ServingModel
 ) -> None:
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     with GatewayThread(root, GatewayConfig(poll_interval_s=0.2)) as server:
         assert predict_version(server) == 1
         with caplog.at_level(logging.INFO, logger="serving.gateway"):
-            model_factory.publish(root, 2)
+            serving_model.publish(root, 2)
             server.run(server.gateway.reload())
             wait_until(
                 lambda: "version 2 now answers requests that name no version" in caplog.text,
@@ -147,15 +138,15 @@ def test_without_a_stable_label_the_newest_version_takes_over_and_says_so(
 
 
 def test_labels_without_stable_warn_when_a_new_version_takes_unlabelled_traffic(
-    tmp_path: Path, root: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, root: Path, caplog: pytest.LogCaptureFixture, serving_model: ServingModel
 ) -> None:
     routing_file = tmp_path / "routing.yaml"
     write_routing(routing_file, RoutingConfig(models={MODEL: ModelRouting(labels={"blue": 1})}))
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     config = GatewayConfig(routing_file=routing_file, poll_interval_s=0.2)
     with GatewayThread(root, config) as server:
         with caplog.at_level(logging.WARNING, logger="serving.gateway"):
-            model_factory.publish(root, 2)
+            serving_model.publish(root, 2)
             server.run(server.gateway.reload())
             wait_until(lambda: "no 'stable' version" in caplog.text, "the warning")
         # The labelled version stays loaded and reachable by its label.

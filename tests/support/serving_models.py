@@ -73,6 +73,12 @@ def sample_inputs(batch: int = 4, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
+def sample_instances(rows: int = 1, seed: int = 0) -> dict[str, Any]:
+    """A REST predict body of ``rows`` sample inputs in the row (``instances``) format."""
+    inputs = sample_inputs(rows, seed)
+    return {"instances": [{n: a[i].tolist() for n, a in inputs.items()} for i in range(rows)]}
+
+
 @functools.cache
 def _trained(directory: Path) -> keras.Model:
     """The Keras model holding the artefact's weights, made once per test process."""
