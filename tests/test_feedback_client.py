@@ -17,7 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from slipway.feedback_client import DelayedFeedback, FeedbackCounts
-from tests.ops.prometheus_process import free_port, poll
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 SERVED_CLASS = 7
 WAIT_S = 30.0
@@ -81,7 +82,7 @@ def test_labels_go_to_the_gateway_that_answered_and_outcomes_are_counted(
         feedback.add(gateways[0].url, "a", SERVED_CLASS)
         feedback.add(gateways[1].url, "b", 3)
         feedback.add(gateways[1].url, "unknown", SERVED_CLASS)
-        poll(lambda: feedback.counts().sent == 3, WAIT_S, "three labels posted")
+        wait_until(lambda: feedback.counts().sent == 3, "three labels posted", WAIT_S)
     finally:
         counts = feedback.stop()
     assert counts == FeedbackCounts(sent=3, correct=1, incorrect=1, refused=1)
@@ -105,7 +106,7 @@ def test_an_unreachable_gateway_refuses_its_labels() -> None:
     feedback = DelayedFeedback("digits", timeout=5.0).start()
     try:
         feedback.add(f"http://127.0.0.1:{free_port()}", "a", SERVED_CLASS)
-        poll(lambda: feedback.counts().sent == 1, WAIT_S, "the label posted")
+        wait_until(lambda: feedback.counts().sent == 1, "the label posted", WAIT_S)
     finally:
         counts = feedback.stop()
     assert counts == FeedbackCounts(sent=1, refused=1)

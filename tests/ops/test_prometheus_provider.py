@@ -13,9 +13,9 @@ from ops.analysis import AnalysisConfig
 from ops.measurement import MetricsUnavailable
 from ops.prometheus import PrometheusClient, PrometheusProvider, PromQLError, validate_queries
 from serving.metrics import LATENCY_BUCKETS
-from tests.ops.prometheus_process import FakeGateway, PrometheusProcess, free_port
-
-pytestmark = pytest.mark.integration
+from tests.support.fake_gateway import FakeGateway
+from tests.support.ports import free_port
+from tests.support.prometheus import PrometheusProcess
 
 MODEL = "digits"
 STABLE, CANARY = 1, 2
@@ -87,6 +87,7 @@ def env() -> Iterator[Env]:
             yield Env(gateway, prometheus, sample.value)
 
 
+@pytest.mark.process
 def test_measurement_equals_the_known_increases(env: Env) -> None:
     analysis = AnalysisConfig(
         checks={
@@ -126,6 +127,7 @@ def test_measurement_equals_the_known_increases(env: Env) -> None:
     assert measurement.custom == {"pinned": pytest.approx(50)}
 
 
+@pytest.mark.process
 def test_a_version_without_traffic_measures_zero(env: Env) -> None:
     provider = PrometheusProvider(env.prometheus.client, AnalysisConfig())
     measurement = provider.measure(MODEL, STABLE, 9, WINDOW, at=env.at)
@@ -134,6 +136,7 @@ def test_a_version_without_traffic_measures_zero(env: Env) -> None:
     assert measurement.shadow_agreement is None and measurement.shadow_requests == 0.0
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("q", [0.5, 0.9, 0.99])
 def test_histogram_quantile_matches_prometheus(env: Env, q: float) -> None:
     provider = PrometheusProvider(env.prometheus.client, AnalysisConfig())
@@ -149,6 +152,7 @@ def test_histogram_quantile_matches_prometheus(env: Env, q: float) -> None:
         )
 
 
+@pytest.mark.process
 def test_range_query_returns_the_series(env: Env) -> None:
     (series,) = env.prometheus.client.query_range(
         f'sum(slipway_gateway_requests_total{{model="{MODEL}"}})', env.at - 2, env.at, 1
@@ -157,6 +161,7 @@ def test_range_query_returns_the_series(env: Env) -> None:
     assert series.points[-1][1] == sum(count for *_, count in TRAFFIC)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("promql", "prometheus_says"),
     [
@@ -173,6 +178,7 @@ def test_a_promql_error_carries_prometheus_message(
     assert isinstance(raised.value, ValueError) and isinstance(raised.value, MetricsUnavailable)
 
 
+@pytest.mark.process
 def test_validate_queries_names_the_broken_template(env: Env) -> None:
     validate_queries(env.prometheus.client, AnalysisConfig())  # the defaults are valid PromQL
     broken = AnalysisConfig(checks={"custom": [{"name": "broken", "query": "rate(up)", "max": 1}]})
@@ -180,6 +186,7 @@ def test_validate_queries_names_the_broken_template(env: Env) -> None:
         validate_queries(env.prometheus.client, broken)
 
 
+@pytest.mark.process
 def test_a_template_that_does_not_aggregate_is_unavailable_not_a_crash(env: Env) -> None:
     analysis = AnalysisConfig(
         checks={
@@ -206,6 +213,7 @@ def test_an_unreachable_prometheus_is_metrics_unavailable() -> None:
     assert not isinstance(raised.value, PromQLError)
 
 
+@pytest.mark.process
 def test_an_outage_is_unavailable_and_a_restart_recovers_the_data(env: Env) -> None:
     provider = PrometheusProvider(env.prometheus.client, AnalysisConfig())
     before = provider.measure(MODEL, STABLE, CANARY, WINDOW, at=env.at)
@@ -216,7 +224,8 @@ def test_an_outage_is_unavailable_and_a_restart_recovers_the_data(env: Env) -> N
     assert provider.measure(MODEL, STABLE, CANARY, WINDOW, at=env.at) == before
 
 
-def test_a_server_that_is_not_prometheus_is_metrics_unavailable(env: Env) -> None:
-    client = PrometheusClient(env.gateway.url)  # answers every path with exposition text
-    with pytest.raises(MetricsUnavailable, match="not JSON"):
-        client.query("up")
+def test_a_server_that_is_not_prometheus_is_metrics_unavailable() -> None:
+    with FakeGateway() as gateway:
+        client = PrometheusClient(gateway.url)  # answers every path with exposition text
+        with pytest.raises(MetricsUnavailable, match="not JSON"):
+            client.query("up")

@@ -13,20 +13,13 @@ from ops.analysis import AnalysisConfig, judge
 from ops.measurement import MetricsUnavailable
 from ops.scrape import ScrapeProvider
 from serving.metrics import LATENCY_BUCKETS
-from tests.ops.prometheus_process import FakeGateway, free_port, poll
+from tests.support.clocks import FakeClock
+from tests.support.fake_gateway import FakeGateway
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 MODEL = "digits"
 STABLE, CANARY = 1, 2
-
-
-class FakeClock:
-    """Scrape timestamps the test chooses, so windows start exactly where it says."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -185,9 +178,9 @@ def test_the_background_scraper_catches_a_reset_between_two_measurements(
     def wait_for_a_scrape_started_now() -> None:
         """A scrape that began after this call (the second to finish after it)."""
         started = time.time()
-        poll(lambda: (provider.last_scraped[url] or 0) > started, 10, "a scrape")
+        wait_until(lambda: (provider.last_scraped[url] or 0) > started, "a scrape", 10)
         first = provider.last_scraped[url]
-        poll(lambda: provider.last_scraped[url] > first, 10, "a second scrape")
+        wait_until(lambda: provider.last_scraped[url] > first, "a second scrape", 10)
 
     wait_for_a_scrape_started_now()
     a.record(MODEL, CANARY, "canary", 10)

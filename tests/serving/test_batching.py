@@ -22,6 +22,7 @@ from serving.batching import (
     split_outputs,
 )
 from serving.errors import DeadlineExceeded, Internal, NotFound, Unavailable
+from tests.support.clocks import FakeClock
 
 LONG_TIMEOUT_MICROS = 30_000_000  # a batch never times out during a test
 
@@ -294,16 +295,6 @@ def test_execution_cost_is_averaged_per_size_class_and_priced_up_for_larger_batc
     assert cost.expected(6) == pytest.approx(1.2)
     assert cost.expected(2) == pytest.approx(1.2)  # smaller: at most as dear
     assert cost.expected(16) == pytest.approx(4.8)  # two classes up: four times
-
-
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_requests_expired_when_their_batch_is_cut_are_dropped() -> None:

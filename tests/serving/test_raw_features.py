@@ -6,8 +6,6 @@ pipeline's preprocessed batch of the same records."""
 from __future__ import annotations
 
 import base64
-import json
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,8 +31,9 @@ from research.data.words import word_bag_file, words_path
 from research.experiments.config import ExperimentConfig
 from research.experiments.task import ExperimentTask
 from research.preprocessing.words import text_terms
-from tests.research.test_input_pipeline import png, write_dataset
-from tests.serving.gateway_process import GatewayThread
+from tests.support.gateways import GatewayThread
+from tests.support.http import http
+from tests.support.records import png, write_dataset
 from training.publish import publish_model
 
 ROWS = 6
@@ -258,12 +257,9 @@ def test_rest_predict_takes_json_strings_numbers_and_b64(
         }
         for row in range(ROWS)
     ]
-    body = json.dumps({"instances": rows}).encode()
-    request = urllib.request.Request(
-        f"{gateway.rest_url}/v1/models/{family.name}:predict", data=body, method="POST"
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        predictions = json.loads(response.read())["predictions"]
+    status, answer = http(gateway, "POST", f"/v1/models/{family.name}:predict", {"instances": rows})
+    assert status == 200, answer
+    predictions = answer["predictions"]
     for name, expected in family.expected.items():
         # one output answers with its values alone, as TensorFlow Serving's row format does
         rows = [p[name] if isinstance(p, dict) else p for p in predictions]
