@@ -1,38 +1,30 @@
-"""``slipway serve`` as a real process: graceful drain on SIGTERM and command-line errors."""
+"""``slipway serve``: graceful drain on SIGTERM, as a real process, and configuration errors
+named by file and line."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from serving.tensors import numpy_to_tensor_proto
-from tests.serving import model_factory
-from tests.serving.gateway_process import GatewayProcess
+from serving.process import GatewayProcess
+from slipway.cli import main
+from tests.support.grpc_requests import predict_request
+from tests.support.serving_models import ServingModel
+from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 # Requests wait this long for their batch to fill: slow requests without a slow model.
 # Everything between the first request and the refusals after SIGTERM must happen while
 # they wait, so this is sized for a loaded machine, not for a quiet one.
 BATCH_WAIT_S = 12.0
 IN_FLIGHT = 4
-
-
-def predict_request() -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = "digits"
-    for name, array in model_factory.sample_inputs(1).items():
-        request.inputs[name].CopyFrom(numpy_to_tensor_proto(array))
-    return request
 
 
 def in_flight(gateway: GatewayProcess) -> float:
@@ -43,16 +35,12 @@ def in_flight(gateway: GatewayProcess) -> float:
     return 0.0
 
 
-def wait_until(condition, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)  # observing another process: poll
-
-
-def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(tmp_path: Path) -> None:
+@pytest.mark.process
+def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(
+    tmp_path: Path, serving_model: ServingModel
+) -> None:
     root = tmp_path / "models"
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     config = tmp_path / "gateway.yaml"
     config.write_text(
         json.dumps(
@@ -93,15 +81,13 @@ def test_sigterm_drains_in_flight_requests_refuses_new_ones_and_exits_0(tmp_path
     assert "shutting down" in gateway.output()
 
 
-def test_a_config_error_names_the_file_and_line(tmp_path: Path) -> None:
+def test_a_config_error_names_the_file_and_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     (tmp_path / "models").mkdir()
     (tmp_path / "gateway.yaml").write_text("strict: false\nbatching:\n  max_batch_size: lots\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "slipway", "serve", "--model-root", "models",
-         "--config", "gateway.yaml"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert result.returncode == 2
-    message = " ".join(result.stderr.split())  # the console wraps long lines
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "--model-root", "models", "--config", "gateway.yaml"]) == 2
+    message = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
     assert "error: gateway.yaml:3: batching.max_batch_size:" in message
     assert "'lots'" in message

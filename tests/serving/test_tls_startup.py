@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from cryptography.x509.oid import NameOID
 
 from serving.config import GatewayConfig, ServerTLS
 from serving.server import GatewayServer, StartupError, check_server_tls
-from tests.serving.gateway_process import free_port
+from slipway.cli import main
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -116,7 +114,7 @@ def test_files_that_are_not_pem_are_named(tmp_path: Path) -> None:
         check_server_tls(ServerTLS(cert=cert, key=key, client_ca=junk))
 
 
-def test_the_cli_exits_2_with_the_reason(tmp_path: Path) -> None:
+def test_the_cli_exits_2_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     cert, key = write_pair(
         tmp_path,
         "old",
@@ -127,14 +125,13 @@ def test_the_cli_exits_2_with_the_reason(tmp_path: Path) -> None:
     config.write_text(f"tls:\n  cert: {cert.name}\n  key: {key.name}\n")
     models = tmp_path / "models"
     models.mkdir()
-    result = subprocess.run(
+    code = main(
         [
-            sys.executable, "-m", "slipway", "serve", "--model-root", str(models),
-            "--config", str(config), "--host", "127.0.0.1",
-            "--grpc-port", str(free_port()), "--rest-port", str(free_port()),
-        ],
-        capture_output=True, text=True, timeout=240,
+            "serve", "--model-root", str(models), "--config", str(config),
+            "--host", "127.0.0.1", "--grpc-port", "0", "--rest-port", "0",
+        ]
     )  # fmt: skip
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "expired on" in result.stderr
-    assert "Traceback" not in result.stderr
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr[-2000:]
+    assert "expired on" in stderr
+    assert "Traceback" not in stderr
