@@ -12,8 +12,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from http.client import HTTPConnection
@@ -30,24 +28,29 @@ from tensorflow_serving.apis import (
 )
 
 from serving.pool import TENSORFLOW_THREAD_VARIABLES, tensorflow_threads
-from serving.process import GatewayProcess, free_port
-from tests.ops.prometheus_process import poll
-from tests.serving import model_factory
-from tests.serving.test_live_accuracy import http, predict_body, predict_request
+from serving.process import GatewayProcess
+from slipway.cli import main
+from tests.support.grpc_requests import predict_request
+from tests.support.http import fetch
+from tests.support.ports import free_port
+from tests.support.serving_models import MODEL_NAME, ServingModel, sample_instances
+from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 TOKEN = "pool-test-token"
-MODEL = model_factory.MODEL_NAME
+MODEL = MODEL_NAME
 WAIT_S = 120.0
 REQUESTS = 16
 
 
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def pool(
+    tmp_path_factory: pytest.TempPathFactory, serving_model: ServingModel
+) -> Iterator[GatewayProcess]:
     workdir = tmp_path_factory.mktemp("pool")
     root = workdir / "models"
-    model_factory.publish(root, 1)
+    serving_model.publish(root, 1)
     config = workdir / "gateway.yaml"
     config.write_text(
         "poll_interval_s: 0.3\n"
@@ -56,7 +59,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     )
     process = GatewayProcess(root, config=config, processes=2, env={"SLIPWAY_POOL_TOKEN": TOKEN})
     with process:
-        poll(lambda: "pool of 2 workers serving" in process.output(), WAIT_S, "both workers")
+        wait_until(lambda: "pool of 2 workers serving" in process.output(), "both workers", WAIT_S)
         yield process
 
 
@@ -87,7 +90,7 @@ def wait_until_every_worker_is_ready(pool: GatewayProcess) -> list[int]:
         output = pool.output()
         return len(workers) == 2 and all(f"ready (pid {pid})" in output for pid in workers)
 
-    poll(ready, WAIT_S, "both workers ready")
+    wait_until(ready, "both workers ready", WAIT_S)
     return worker_pids(pool)
 
 
@@ -120,10 +123,10 @@ def ask_worker(socket_path: Path, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def predict_rest(pool: GatewayProcess, request_id: str) -> None:
-    status, answer, _ = http(
+    status, answer, _ = fetch(
         f"{pool.rest_url}/v1/models/{MODEL}:predict",
         "POST",
-        predict_body(),
+        sample_instances(),
         {"X-Request-Id": request_id},
     )
     assert status == 200, answer
@@ -143,7 +146,7 @@ def predicted_version(pool: GatewayProcess) -> int:
 
 
 def metric_total(pool: GatewayProcess, name: str, **labels: str) -> float:
-    status, text, _ = http(pool.rest_url + "/metrics", "GET")
+    status, text, _ = fetch(pool.rest_url + "/metrics", "GET")
     assert status == 200
     return sum(
         sample.value
@@ -154,7 +157,7 @@ def metric_total(pool: GatewayProcess, name: str, **labels: str) -> float:
 
 
 def admin(pool: GatewayProcess, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-    status, answer, _ = http(
+    status, answer, _ = fetch(
         pool.rest_url + path, method, body, {"Authorization": f"Bearer {TOKEN}"}
     )
     return status, answer
@@ -163,6 +166,7 @@ def admin(pool: GatewayProcess, method: str, path: str, body: Any = None) -> tup
 # -- the tests ------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_connections_spread_over_workers_and_each_keeps_its_own_answers(
     pool: GatewayProcess,
 ) -> None:
@@ -181,13 +185,14 @@ def test_connections_spread_over_workers_and_each_keeps_its_own_answers(
     assert all(count > 0 for count in answered_by.values()), answered_by
 
 
+@pytest.mark.process
 def test_labels_reach_the_worker_that_answered(pool: GatewayProcess) -> None:
     before = metric_total(pool, "slipway_gateway_feedback_total", model=MODEL)
     ids = [f"relay-{i}" for i in range(REQUESTS)]
     for request_id in ids:
         predict_rest(pool, request_id)
     for request_id in ids[: REQUESTS // 2]:  # one item per call, on fresh connections
-        status, answer, _ = http(
+        status, answer, _ = fetch(
             f"{pool.rest_url}/v1/models/{MODEL}/feedback",
             "POST",
             {"request_id": request_id, "label": 3},
@@ -196,12 +201,12 @@ def test_labels_reach_the_worker_that_answered(pool: GatewayProcess) -> None:
         assert answer["rows"][0]["outcome"] in ("correct", "incorrect")
     batch = {"feedback": [{"request_id": i, "label": 3} for i in ids[REQUESTS // 2 :]]}
     batch["feedback"].append({"request_id": "never-answered", "label": 3})
-    status, answer, _ = http(f"{pool.rest_url}/v1/models/{MODEL}/feedback", "POST", batch)
+    status, answer, _ = fetch(f"{pool.rest_url}/v1/models/{MODEL}/feedback", "POST", batch)
     assert status == 200, answer
     *found, unknown = answer["results"]
     assert all("rows" in result for result in found), found
     assert unknown["code"] == "NOT_FOUND"
-    status, again, _ = http(
+    status, again, _ = fetch(
         f"{pool.rest_url}/v1/models/{MODEL}/feedback", "POST", {"request_id": ids[0], "label": 3}
     )
     assert status == 409, again  # a row is labelled once, whichever worker is asked
@@ -209,6 +214,7 @@ def test_labels_reach_the_worker_that_answered(pool: GatewayProcess) -> None:
     assert after - before == REQUESTS
 
 
+@pytest.mark.process
 def test_metrics_add_up_every_worker(pool: GatewayProcess) -> None:
     counted = {"name": "slipway_gateway_requests_total", "model": MODEL, "code": "OK"}
     before = metric_total(pool, **counted)
@@ -220,8 +226,11 @@ def test_metrics_add_up_every_worker(pool: GatewayProcess) -> None:
     assert metric_total(pool, "slipway_gateway_model_loaded", model=MODEL, version="1") == 1
 
 
-def test_a_new_version_loads_in_every_worker(pool: GatewayProcess) -> None:
-    model_factory.publish(pool.model_root, 2)
+@pytest.mark.process
+def test_a_new_version_loads_in_every_worker(
+    pool: GatewayProcess, serving_model: ServingModel
+) -> None:
+    serving_model.publish(pool.model_root, 2)
 
     def status_everywhere() -> bool:
         def available(channel: grpc.Channel) -> bool:
@@ -236,9 +245,10 @@ def test_a_new_version_loads_in_every_worker(pool: GatewayProcess) -> None:
 
         return all(on_fresh_channel(pool, available) for _ in range(8))
 
-    poll(status_everywhere, WAIT_S, "version 2 available in every worker")
+    wait_until(status_everywhere, "version 2 available in every worker", WAIT_S)
 
 
+@pytest.mark.process
 def test_routing_changed_through_one_worker_holds_in_every_worker(pool: GatewayProcess) -> None:
     # Version 1 was unloaded when 2 came (latest, one version). Labelling it 'stable'
     # with no canary traffic must load it again and send every request to it, in both
@@ -246,10 +256,10 @@ def test_routing_changed_through_one_worker_holds_in_every_worker(pool: GatewayP
     routing = {"labels": {"stable": 1, "canary": 2}, "canary_weight": 0.0}
     status, answer = admin(pool, "PUT", f"/admin/routing/{MODEL}", routing)
     assert status == 200, answer
-    poll(lambda: versions_answering(pool) == {1}, WAIT_S, "every request on stable")
+    wait_until(lambda: versions_answering(pool) == {1}, "every request on stable", WAIT_S)
     status, answer = admin(pool, "PUT", f"/admin/routing/{MODEL}", {**routing, "canary_weight": 1})
     assert status == 200, answer
-    poll(lambda: versions_answering(pool) == {2}, WAIT_S, "every request on the canary")
+    wait_until(lambda: versions_answering(pool) == {2}, "every request on the canary", WAIT_S)
     assert all(
         admin(pool, "GET", f"/admin/routing/{MODEL}")[1]["canary_weight"] == 1.0 for _ in range(8)
     )
@@ -266,23 +276,26 @@ def versions_answering(pool: GatewayProcess) -> set[int | str]:
     return answered
 
 
+@pytest.mark.process
 def test_batching_cannot_change_in_one_worker_only(pool: GatewayProcess) -> None:
     status, answer = admin(pool, "PUT", f"/admin/batching/{MODEL}", {"max_batch_size": 4})
     assert status == 400, answer
     assert "pool of processes" in json.dumps(answer)
 
 
+@pytest.mark.process
 def test_a_killed_worker_is_replaced_and_counts_stay(pool: GatewayProcess) -> None:
     counted = {"name": "slipway_gateway_requests_total", "model": MODEL}
     before = metric_total(pool, **counted)
     victim = worker_pids(pool)[0]
     os.kill(victim, signal.SIGKILL)
-    poll(lambda: victim not in worker_pids(pool), WAIT_S, "the killed worker to be gone")
+    wait_until(lambda: victim not in worker_pids(pool), "the killed worker to be gone", WAIT_S)
     wait_until_every_worker_is_ready(pool)  # and its replacement ready
     assert all(predicted_version(pool) == 2 for _ in range(REQUESTS))
     assert metric_total(pool, **counted) >= before + REQUESTS  # the dead worker's count stays
 
 
+@pytest.mark.process
 def test_sigterm_stops_every_worker(pool: GatewayProcess) -> None:
     workers = worker_pids(pool)
     assert pool.stop() == 0
@@ -291,41 +304,31 @@ def test_sigterm_stops_every_worker(pool: GatewayProcess) -> None:
             os.kill(pid, 0)
 
 
-def test_a_port_in_use_is_refused_before_any_worker_starts(tmp_path: Path) -> None:
+def test_a_port_in_use_is_refused_before_any_worker_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / "models").mkdir()
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         started = time.monotonic()
-        result = subprocess.run(
+        code = main(
             [
-                sys.executable,
-                "-m",
-                "slipway",
-                "serve",
-                "--processes",
-                "2",
-                "--model-root",
-                str(tmp_path / "models"),
-                "--host",
-                "127.0.0.1",
-                "--grpc-port",
-                str(port),
-                "--rest-port",
-                str(free_port()),
-            ],  # fmt: skip
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    assert result.returncode == 2, result.stderr
-    assert f"gRPC: cannot listen on 127.0.0.1:{port}" in result.stderr
-    assert "worker 0 started" not in result.stderr
+                "serve", "--processes", "2", "--model-root", str(tmp_path / "models"),
+                "--host", "127.0.0.1", "--grpc-port", str(port), "--rest-port", str(free_port()),
+            ]
+        )  # fmt: skip
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr
+    assert f"gRPC: cannot listen on 127.0.0.1:{port}" in stderr
+    assert "worker 0 started" not in stderr + caplog.text
     assert time.monotonic() - started < 60
 
 
-def test_a_worker_that_cannot_start_stops_the_pool_with_its_code(tmp_path: Path) -> None:
-    model_factory.publish(tmp_path / "models", 1)
+@pytest.mark.process
+def test_a_worker_that_cannot_start_stops_the_pool_with_its_code(
+    tmp_path: Path, serving_model: ServingModel
+) -> None:
+    serving_model.publish(tmp_path / "models", 1)
     config = tmp_path / "gateway.yaml"
     config.write_text(f"tls: {{cert: {tmp_path}/missing.pem, key: {tmp_path}/missing.key}}\n")
     process = GatewayProcess(tmp_path / "models", config=config, processes=2)
@@ -348,35 +351,39 @@ def test_each_worker_gets_its_share_of_the_cores_unless_the_operator_chose(
 
 
 @pytest.fixture(scope="module")
-def watched_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+def watched_pool(
+    tmp_path_factory: pytest.TempPathFactory, serving_model: ServingModel
+) -> Iterator[GatewayProcess]:
     """A pool whose supervisor probes its workers twice a second and gives up after 10 s."""
     workdir = tmp_path_factory.mktemp("watched")
-    model_factory.publish(workdir / "models", 1)
+    serving_model.publish(workdir / "models", 1)
     config = workdir / "gateway.yaml"
     config.write_text("pool: {probe_interval_s: 0.5, unresponsive_after_s: 10}\n")
     process = GatewayProcess(workdir / "models", config=config, processes=2)
     with process:
-        poll(lambda: "pool of 2 workers serving" in process.output(), WAIT_S, "both workers")
+        wait_until(lambda: "pool of 2 workers serving" in process.output(), "both workers", WAIT_S)
         yield process
 
 
+@pytest.mark.process
 def test_a_worker_that_stops_answering_is_killed_and_replaced(
     watched_pool: GatewayProcess,
 ) -> None:
     stuck, healthy = worker_pids(watched_pool)
     os.kill(stuck, signal.SIGSTOP)  # keeps its sockets, answers nothing
-    poll(lambda: exited(stuck), WAIT_S, "the stopped worker to be killed")
+    wait_until(lambda: exited(stuck), "the stopped worker to be killed", WAIT_S)
     assert f"(pid {stuck}) has not answered" in watched_pool.output()
     assert healthy in wait_until_every_worker_is_ready(watched_pool)  # and a replacement
     assert all(predicted_version(watched_pool) == 1 for _ in range(REQUESTS))
 
 
+@pytest.mark.process
 def test_workers_drain_and_end_when_the_supervisor_is_killed(
     watched_pool: GatewayProcess,
 ) -> None:
     workers = wait_until_every_worker_is_ready(watched_pool)
     watched_pool.kill()  # SIGKILL: no chance to stop its workers itself
-    poll(lambda: all(exited(pid) for pid in workers), WAIT_S, "the workers to exit")
+    wait_until(lambda: all(exited(pid) for pid in workers), "the workers to exit", WAIT_S)
     for index in range(2):  # each drained, and could still say so
         assert f"[worker {index}] serving.server: stopped" in watched_pool.output()
     with socket.socket() as probe:  # nobody holds the port any more
