@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import statistics
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ RUN_KEYS = ("quick", "machine")  # how the run was made, shown above its figures
 # Raw material the summary figures come from (per-process probes, shard checksums): in
 # the JSON file for whoever wants it, left off the page.
 RAW_KEYS = frozenset({"probes", "shard_sha256"})
+LONGEST_LIST = 6  # a longer list of numbers (one per timed block) is shown as its spread
 
 Records = dict[str, dict[str, Any]]  # record name -> flattened figures
 
@@ -135,13 +137,17 @@ def _block(value: Mapping[str, Any], level: int) -> list[str]:
 
 
 def _collections(value: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Records]]:
-    """(dotted key, records) of every collection of records in a mapping."""
+    """(dotted key, records) of every collection of records in a mapping, and in its
+    records (a workload's comparisons are a collection of their own)."""
     for key, item in value.items():
-        records = _records(item)
         if key in RAW_KEYS:
             continue
+        records = _records(item)
         if records is not None:
             yield f"{prefix}{key}", records
+            members = item.items() if isinstance(item, Mapping) else enumerate(item, 1)
+            for name, member in members:
+                yield from _collections(member, f"{prefix}{key}.{name}.")
         elif isinstance(item, Mapping):
             yield from _collections(item, f"{prefix}{key}.")
 
@@ -182,18 +188,26 @@ def _record_table(records: Records) -> list[str]:
 
 
 def _text(value: Any) -> str:
-    """A figure as a person reads it: 4 significant digits, yes/no, lists joined."""
+    """A figure as a person reads it: 4 significant digits, yes/no, lists joined (a long
+    list of numbers summed up by its median and range)."""
     if value is None:
         return "–"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    if isinstance(value, list) and len(value) > LONGEST_LIST and all(map(_is_number, value)):
+        low, middle, high = min(value), statistics.median(value), max(value)
+        return f"{len(value)} values: median {_text(middle)}, {_text(low)} to {_text(high)}"
     if isinstance(value, list):
         return ", ".join(_text(item) for item in value)
     if isinstance(value, str) and value.startswith(f"{ROOT}/"):
         return value[len(f"{ROOT}/") :]  # where the run wrote it, inside the repository
     return str(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _cell(text: str) -> str:

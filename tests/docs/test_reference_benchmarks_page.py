@@ -38,6 +38,8 @@ def test_records_become_columns_and_nested_figures_dotted_rows() -> None:
         "setup": {"batch": 8, "sizes": {"small": 1.23456, "large": 12345.6}},
         "cases": [{"model": "a", "ok": True}, {"model": "b", "ok": False, "note": None}],
         "deep": {"name": "x", "setups": {"one": {"s": 1.0}, "two": {"s": 2.0}}},
+        "workloads": {"w": {"batch": 4, "comparisons": {"c": {"r": 1.5}, "d": {"r": 0.5}}}},
+        "blocks": [3.0, 1.0, 2.0, 5.0, 4.0, 6.0, 7.0],
         "probes": {"one": {"s": 9.0}},  # raw measurements stay in the JSON file
     }
     lines = render_results("made_up", results)
@@ -50,6 +52,9 @@ def test_records_become_columns_and_nested_figures_dotted_rows() -> None:
     assert "| ok | yes | no |" in text
     assert "| note |  | – |" in text
     assert "### deep.setups" in text and "| s | 1 | 2 |" in text
+    assert "### workloads\n\n| figure | w |\n|---|---|\n| batch | 4 |" in text
+    assert "### workloads.w.comparisons" in text and "| r | 1.5 | 0.5 |" in text
+    assert "| blocks | 7 values: median 4, 1 to 7 |" in text
     assert "probes" not in text
 
 
