@@ -12,7 +12,6 @@ wrong on those rows only.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,27 +19,22 @@ import yaml
 
 from ops.events import Event
 from ops.state import Phase, StateStore
-from serving.routing import ModelRouting
-from slipway.demo_rollout import (
-    publish_copy,
-    publish_faulty_version,
-    request_pool,
-    write_gateway_config,
-)
-from tests.ops.test_rollout_integration import (
+from slipway.demo_rollout import request_pool
+from tests.support.rollouts import (
+    EQUAL,
+    LESS_ACCURATE,
+    MODEL,
+    STABLE,
     Fleet,
+    Rollouts,
     events,
     replica_routing,
     rollout,
-    running_fleet,
 )
-from tests.serving import model_factory
+from tests.support.serving_models import ServingModel
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(420)]
 
-MODEL = model_factory.MODEL_NAME
-STABLE, EQUAL, LESS_ACCURATE = 1, 2, 3
-SWAP_PERCENT = 40
 # Errors and accuracy are judged; latency is not, because on a loaded machine a freshly
 # loaded canary's p99 can exceed stable's several times over (see the rollout tests).
 # 20 labels at 10 % of 60 requests/s take under 4 s, so the accuracy check usually
@@ -56,35 +50,25 @@ ANALYSIS = {
 }
 
 
-def labelled_pool() -> tuple[list[dict], list[int]]:
+def labelled_pool(serving_model: ServingModel) -> tuple[list[dict], list[int]]:
     """Request rows and, as their true labels, the classes the stable model predicts."""
-    rows = request_pool(model_factory.signature_json())
+    rows = request_pool(serving_model.signature_json())
     inputs = {name: np.asarray([row[name] for row in rows]) for name in rows[0]}
     inputs["image"] = inputs["image"].astype(np.float32)
-    scores = model_factory.keras_outputs(inputs)["label"]
+    scores = serving_model.keras_outputs(inputs)["label"]
     return rows, [int(index) for index in scores.argmax(axis=1)]
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    work = tmp_path_factory.mktemp("accuracy-rollouts")
-    root = work / "models"
-    stable = model_factory.publish(root, STABLE)
-    publish_copy(stable, root, MODEL, EQUAL)
-    publish_faulty_version(stable, root, MODEL, LESS_ACCURATE, swap_percent=SWAP_PERCENT)
-    config = write_gateway_config(work / "gateway", routing={MODEL: {"labels": {"stable": STABLE}}})
-    analysis = work / "analysis.yaml"
+def fleet(
+    rollout_fleet: Fleet, serving_model: ServingModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Rollouts]:
+    """The shared fleet under labelled client traffic whose labels come back as feedback."""
+    analysis = tmp_path_factory.mktemp("accuracy-rollouts") / "analysis.yaml"
     analysis.write_text(yaml.safe_dump(ANALYSIS))
-    pool, labels = labelled_pool()
-    with running_fleet(root, config, analysis, pool, labels=labels, feedback_delay=0.5) as fleet:
-        yield fleet
-
-
-@pytest.fixture
-def store(fleet: Fleet, tmp_path: Path) -> StateStore:
-    """A fresh state directory, and the model back on version 1 alone on every replica."""
-    fleet.admin().set_routing(MODEL, ModelRouting(labels={"stable": STABLE}))
-    return StateStore(tmp_path / "state")
+    pool, labels = labelled_pool(serving_model)
+    with rollout_fleet.traffic(pool, labels=labels, feedback_delay=0.5) as load:
+        yield Rollouts.on(rollout_fleet, load, analysis)
 
 
 def accuracy_checks(store: StateStore) -> list[tuple[Event, dict]]:
@@ -98,7 +82,9 @@ def accuracy_checks(store: StateStore) -> list[tuple[Event, dict]]:
     ]
 
 
-def test_a_less_accurate_canary_is_rolled_back_on_accuracy(fleet: Fleet, store: StateStore) -> None:
+def test_a_less_accurate_canary_is_rolled_back_on_accuracy(
+    fleet: Rollouts, store: StateStore
+) -> None:
     before = fleet.load.counts()
     output = rollout(fleet, store, LESS_ACCURATE)
     during = fleet.load.counts()
@@ -122,7 +108,7 @@ def test_a_less_accurate_canary_is_rolled_back_on_accuracy(fleet: Fleet, store: 
 
 
 def test_an_equally_accurate_canary_with_feedback_is_promoted(
-    fleet: Fleet, store: StateStore
+    fleet: Rollouts, store: StateStore
 ) -> None:
     output = rollout(fleet, store, EQUAL)
     state = store.load(MODEL)

@@ -1,50 +1,50 @@
 """Canary rollouts end to end: two real gateway processes behind steady client traffic, a
 real Prometheus scraping them every second, and the controller run as ``slipway canary``.
 
-The model repository holds the tiny test model as version 1 (stable), unchanged copies
+The fleet's repository holds the tiny test model as version 1 (stable), unchanged copies
 (good canaries), a wrapper failing the 20 % of requests whose inputs hash low, and a
-wrapper that waits about 40 ms per call (several times stable's latency).
+wrapper that waits about 100 ms per call (several times stable's latency). Rollouts run
+the controller in the test process; the outage and kill tests run it as a process of its
+own, to signal it and to act while it runs.
 """
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
-from ops.events import Event, EventLog
+from ops.events import Event
 from ops.gateway_admin import GatewayAdmin, GatewayAdminError, UnknownModelError
 from ops.state import Phase, StateStore
-from serving.process import GatewayProcess
 from serving.routing import ModelRouting, load_routing
-from slipway.demo_rollout import (
-    TOKEN_ENV,
-    ClientLoad,
-    publish_copy,
-    publish_faulty_version,
-    request_pool,
-    write_gateway_config,
+from slipway.demo_rollout import request_pool
+from tests.support.rollouts import (
+    FAILING,
+    GOOD,
+    GOOD_KILLED,
+    GOOD_OUTAGE,
+    MODEL,
+    SLOW,
+    STABLE,
+    TOKEN,
+    Fleet,
+    Rollouts,
+    canary,
+    events,
+    finish,
+    replica_routing,
+    rollout,
+    spawn,
+    start_args,
 )
-from tests.ops.prometheus_process import PrometheusProcess, poll
-from tests.serving import model_factory
+from tests.support.serving_models import ServingModel
+from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(420)]
 
-MODEL = model_factory.MODEL_NAME
-TOKEN = "rollout-test-token"
-STABLE = 1
-GOOD, FAILING, SLOW, GOOD_OUTAGE, GOOD_KILLED = 2, 3, 4, 5, 6
-ROLLOUT_TIMEOUT_S = 60.0
 # The rollouts that test the controller's control flow judge errors only: on a loaded
 # machine a freshly loaded, identical canary's p99 can exceed stable's several times over.
 ANALYSIS = {
@@ -52,128 +52,25 @@ ANALYSIS = {
     "min_requests": 20,
     "checks": {"latency_p99": {"max_ratio": None, "max_added_ms": None}},
 }
-# The slow-canary rollout judges latency, with bounds SLOW_DELAY_MS always exceeds.
+# The slow-canary rollout judges latency, with bounds the slow canary's delay always exceeds.
 LATENCY_ANALYSIS = {
     "window": "5s",
     "min_requests": 20,
     "checks": {"latency_p99": {"max_ratio": 1.5, "max_added_ms": 25}},
 }
-SLOW_DELAY_MS = 100
-
-
-@dataclass
-class Fleet:
-    gateways: list[GatewayProcess]
-    prometheus: PrometheusProcess
-    load: ClientLoad
-    routing_file: Path
-    analysis: Path
-    env: dict[str, str]
-
-    @property
-    def urls(self) -> list[str]:
-        return [gateway.rest_url for gateway in self.gateways]
-
-    def admin(self) -> GatewayAdmin:
-        return GatewayAdmin(self.urls, TOKEN)
-
-
-@contextmanager
-def running_fleet(
-    root: Path, config: Path, analysis: Path, pool: list[dict], **load_options: Any
-) -> Iterator[Fleet]:
-    """Two gateway replicas serving ``root`` with ``config``, Prometheus scraping them, and
-    60 requests/s over ``pool`` (``load_options`` go to ``ClientLoad``)."""
-    env = {**os.environ, TOKEN_ENV: TOKEN}
-    gateways = [GatewayProcess(root, config=config, env=env) for _ in range(2)]
-    try:
-        with ThreadPoolExecutor(len(gateways)) as starting:
-            list(starting.map(lambda gateway: gateway.start(), gateways))
-        with (
-            PrometheusProcess([g.rest_url.removeprefix("http://") for g in gateways]) as prometheus,
-            ClientLoad([g.rest_url for g in gateways], MODEL, pool, rate=60, **load_options) as load,
-        ):  # fmt: skip
-            prometheus.wait_for_targets()
-            yield Fleet(gateways, prometheus, load, config.parent / "routing.yaml", analysis, env)
-    finally:
-        for gateway in gateways:
-            if gateway.process is not None:
-                gateway.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(
+    rollout_fleet: Fleet, serving_model: ServingModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Rollouts]:
+    """The shared fleet under unlabelled client traffic, judged by ANALYSIS."""
     work = tmp_path_factory.mktemp("rollouts")
-    root = work / "models"
-    stable = model_factory.publish(root, STABLE)
-    for version in (GOOD, GOOD_OUTAGE, GOOD_KILLED):
-        publish_copy(stable, root, MODEL, version)
-    publish_faulty_version(stable, root, MODEL, FAILING, error_percent=20)
-    publish_faulty_version(stable, root, MODEL, SLOW, delay_ms=SLOW_DELAY_MS)
-    config = write_gateway_config(work / "gateway", routing={MODEL: {"labels": {"stable": STABLE}}})
     analysis = work / "analysis.yaml"
     analysis.write_text(yaml.safe_dump(ANALYSIS))
     (work / "latency-analysis.yaml").write_text(yaml.safe_dump(LATENCY_ANALYSIS))
-    pool = request_pool(model_factory.signature_json())
-    with running_fleet(root, config, analysis, pool) as fleet:
-        yield fleet
-
-
-@pytest.fixture
-def store(fleet: Fleet, tmp_path: Path) -> StateStore:
-    """A fresh state directory, and the model back on version 1 alone on every replica."""
-    fleet.admin().set_routing(MODEL, ModelRouting(labels={"stable": STABLE}))
-    return StateStore(tmp_path / "state")
-
-
-def canary_command(fleet: Fleet, store: StateStore, *args: str) -> list[str]:
-    return [sys.executable, "-m", "slipway", "canary", *args, "--state-dir", str(store.root)]
-
-
-def start_args(fleet: Fleet, version: int, *extra: str, prometheus: bool = True) -> list[str]:
-    args = ["start", MODEL, "--version", str(version), "--steps", "10,50,100", "--bake", "2s",
-            "--interval", "1s", "--analysis", str(fleet.analysis), "--token-env", TOKEN_ENV,
-            "--routing-file", str(fleet.routing_file), *extra]  # fmt: skip
-    for url in fleet.urls:
-        args += ["--gateway", url]
-    if prometheus:
-        args += ["--prometheus", fleet.prometheus.url]
-    return args
-
-
-def spawn(fleet: Fleet, store: StateStore, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        canary_command(fleet, store, *args),
-        env=fleet.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def finish(process: subprocess.Popen[str], timeout: float = ROLLOUT_TIMEOUT_S) -> tuple[int, str]:
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        output, _ = process.communicate()
-        raise AssertionError(
-            f"the controller did not finish within {timeout}s:\n{output}"
-        ) from None
-    return process.returncode, output
-
-
-def rollout(fleet: Fleet, store: StateStore, version: int, *extra: str, **options: bool) -> str:
-    """Run a rollout to its end; the controller's output."""
-    code, output = finish(spawn(fleet, store, *start_args(fleet, version, *extra, **options)))
-    state = store.load(MODEL)
-    assert state is not None, output
-    assert code == (0 if state.phase is Phase.SUCCEEDED else 1), output
-    return output
-
-
-def events(store: StateStore) -> list[Event]:
-    return EventLog(store.events_path(MODEL)).read()
+    with rollout_fleet.traffic(request_pool(serving_model.signature_json())) as load:
+        yield Rollouts.on(rollout_fleet, load, analysis)
 
 
 def weights(fleet: Fleet) -> list[float]:
@@ -181,16 +78,11 @@ def weights(fleet: Fleet) -> list[float]:
     return [routing.canary_weight for routing in fleet.admin().get_routing(MODEL).values()]
 
 
-def replica_routing(fleet: Fleet) -> ModelRouting:
-    """The routing every replica agrees on (the admin client refuses a disagreement)."""
-    return fleet.admin().routing(MODEL)
-
-
 # -- the admin client against real replicas ------------------------------------------------
 
 
 def test_admin_checks_versions_and_names_the_replica_that_failed(
-    fleet: Fleet, store: StateStore
+    fleet: Rollouts, store: StateStore
 ) -> None:
     admin = fleet.admin()
     assert admin.checked(MODEL, [STABLE, GOOD]).labels == {"stable": STABLE}
@@ -215,7 +107,7 @@ def test_admin_checks_versions_and_names_the_replica_that_failed(
 # -- rollouts ----------------------------------------------------------------------------
 
 
-def test_a_good_canary_is_promoted_through_every_step(fleet: Fleet, store: StateStore) -> None:
+def test_a_good_canary_is_promoted_through_every_step(fleet: Rollouts, store: StateStore) -> None:
     output = rollout(fleet, store, GOOD)
     state = store.load(MODEL)
     assert state.phase is Phase.SUCCEEDED, output
@@ -229,16 +121,16 @@ def test_a_good_canary_is_promoted_through_every_step(fleet: Fleet, store: State
     assert passes and all(e.numbers["canary"]["requests"] >= 20 for e in passes)
     assert (store.model_dir(MODEL) / "timeline.png").stat().st_size > 10_000
 
-    code, output = finish(spawn(fleet, store, "status", MODEL))
+    code, output = canary(store, "status", MODEL)
     assert code == 0 and "succeeded" in output, output
     # No controller runs any more: the command applies itself, within the rollback window.
-    code, output = finish(spawn(fleet, store, "rollback", MODEL, "--reason", "second thoughts"))
+    code, output = canary(store, "rollback", MODEL, "--reason", "second thoughts")
     assert code == 0, output
     assert store.load(MODEL).phase is Phase.ROLLED_BACK
     assert replica_routing(fleet).labels == {"stable": STABLE}
 
 
-def test_a_canary_answering_errors_is_rolled_back(fleet: Fleet, store: StateStore) -> None:
+def test_a_canary_answering_errors_is_rolled_back(fleet: Rollouts, store: StateStore) -> None:
     output = rollout(fleet, store, FAILING)
     state = store.load(MODEL)
     assert state.phase is Phase.ROLLED_BACK, output
@@ -251,7 +143,7 @@ def test_a_canary_answering_errors_is_rolled_back(fleet: Fleet, store: StateStor
     assert failed[0].numbers["stable"]["errors"] == 0
 
 
-def test_a_slow_canary_is_rolled_back(fleet: Fleet, store: StateStore) -> None:
+def test_a_slow_canary_is_rolled_back(fleet: Rollouts, store: StateStore) -> None:
     latency_analysis = fleet.analysis.with_name("latency-analysis.yaml")
     output = rollout(fleet, store, SLOW, "--analysis", str(latency_analysis))
     state = store.load(MODEL)
@@ -265,14 +157,14 @@ def test_a_slow_canary_is_rolled_back(fleet: Fleet, store: StateStore) -> None:
 
 
 def test_prometheus_outage_holds_the_rollout_until_it_is_back(
-    fleet: Fleet, store: StateStore
+    fleet: Rollouts, store: StateStore
 ) -> None:
     controller = spawn(fleet, store, *start_args(fleet, GOOD_OUTAGE, "--bake", "4s"))
     try:
-        poll(lambda: any(e.kind == "analysis" for e in events(store)), 30, "a first analysis")
+        wait_until(lambda: any(e.kind == "analysis" for e in events(store)), "a first analysis", 30)
         fleet.prometheus.stop()
         try:
-            poll(lambda: len(outage_holds(store)) >= 3, 30, "three holds without Prometheus")
+            wait_until(lambda: len(outage_holds(store)) >= 3, "three holds without Prometheus", 30)
             held_at = store.load(MODEL)
             assert held_at.phase is Phase.PROGRESSING
         finally:
@@ -296,10 +188,10 @@ def outage_holds(store: StateStore) -> list[Event]:
     ]  # fmt: skip
 
 
-def test_a_killed_controller_resumes_from_its_state_file(fleet: Fleet, store: StateStore) -> None:
+def test_a_killed_controller_resumes_from_its_state_file(fleet: Rollouts, store: StateStore) -> None:
     first = spawn(fleet, store, *start_args(fleet, GOOD_KILLED, "--bake", "5s"))
     try:
-        poll(lambda: min(weights(fleet)) >= 0.5, 40, "every replica at the second step")
+        wait_until(lambda: min(weights(fleet)) >= 0.5, "every replica at the second step", 40)
         first.send_signal(signal.SIGKILL)
         first.wait(10)
     finally:
@@ -314,11 +206,11 @@ def test_a_killed_controller_resumes_from_its_state_file(fleet: Fleet, store: St
 
     second = spawn(fleet, store, "resume", MODEL)
     try:
-        poll(lambda: len(takeovers(store)) == 2, 20, "the new controller to take the rollout")
-        code, output = finish(spawn(fleet, store, "pause", MODEL, "--reason", "look"))
+        wait_until(lambda: len(takeovers(store)) == 2, "the new controller to take the rollout", 20)
+        code, output = canary(store, "pause", MODEL, "--reason", "look")
         assert code == 0, output
         assert store.load(MODEL).phase is Phase.PAUSED
-        code, output = finish(spawn(fleet, store, "resume", MODEL))
+        code, output = canary(store, "resume", MODEL)
         assert code == 0, output
         code, output = finish(second)
     finally:
@@ -341,7 +233,7 @@ def takeovers(store: StateStore) -> list[Event]:
 
 
 def test_with_failover_clients_see_no_errors_from_a_bad_canary(
-    fleet: Fleet, store: StateStore
+    fleet: Rollouts, store: StateStore
 ) -> None:
     before = fleet.load.counts()
     output = rollout(fleet, store, FAILING, "--failover", prometheus=False)
