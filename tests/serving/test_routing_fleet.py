@@ -11,8 +11,6 @@ import contextlib
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -25,19 +23,20 @@ from typing import Any
 import pytest
 
 from ops.gateway_admin import GatewayAdmin, GatewayAdminError
-from serving.process import GatewayProcess, free_port
+from serving.process import GatewayProcess
 from serving.routing import ModelRouting
 from serving.routing_process import RoutingSourceProcess, admin_call, write_replica_config
+from slipway.cli import main
 from slipway.demo_rollout import ClientLoad, request_pool
-from tests.ops.prometheus_process import poll
-from tests.serving import model_factory
+from tests.support.ports import free_port
+from tests.support.serving_models import MODEL_NAME, ServingModel
+from tests.support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 TOKEN = "fleet-test-token"
-DIGITS, OTHER = model_factory.MODEL_NAME, "other"
+DIGITS, OTHER = MODEL_NAME, "other"
 APPLIED_TIMEOUT_S = 30.0
-ROLLOUT_TIMEOUT_S = 180.0
 # The rollout judges errors only: on a loaded machine a freshly loaded, identical canary's
 # p99 can exceed stable's several times over.
 ERRORS_ONLY = {
@@ -135,8 +134,9 @@ class Fleet:
         return call(f"{self.urls[index]}/admin/routing/status")
 
     def wait_applied(self, index: int, revision: int) -> None:
-        poll(lambda: self.status(index)["revision"] >= revision, APPLIED_TIMEOUT_S,
-             f"replica {index} to apply routing revision {revision}")  # fmt: skip
+        wait_until(lambda: self.status(index)["revision"] >= revision,
+                   f"replica {index} to apply routing revision {revision}",
+                   APPLIED_TIMEOUT_S)  # fmt: skip
 
     def restart(self, index: int) -> None:
         """SIGKILL the replica, then start it again on the same ports."""
@@ -151,13 +151,13 @@ def call(url: str, method: str = "GET", body: Any = None) -> Any:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory, serving_model: ServingModel) -> Iterator[Fleet]:
     """The source and replicas 0 and 1 running; replica 2 (behind the relay) not started."""
     work = tmp_path_factory.mktemp("fleet")
     root = work / "models"
     for model in (DIGITS, OTHER):
         for version in (1, 2):
-            model_factory.publish(root, version, name=model)
+            serving_model.publish(root, version, name=model)
     env = {**os.environ, "SLIPWAY_ADMIN_TOKEN": TOKEN}
     source = RoutingSourceProcess(work / "routing-state.json", TOKEN).start()
     relay = Relay(source.rest_port)
@@ -240,8 +240,8 @@ def test_checked_names_a_replica_that_lags(fleet: Fleet) -> None:
     with pytest.raises(GatewayAdminError, match=f"{fleet.urls[2]}: at routing revision") as lag:
         fleet.admin().checked(DIGITS, [1, 2])
     assert fleet.urls[0] not in str(lag.value)
-    poll(lambda: fleet.status(2)["connected"] is False, APPLIED_TIMEOUT_S,
-         "replica 2 to report its source unreachable")  # fmt: skip
+    wait_until(lambda: fleet.status(2)["connected"] is False,
+               "replica 2 to report its source unreachable", APPLIED_TIMEOUT_S)  # fmt: skip
     with pytest.raises(GatewayAdminError, match="not applied within 1s by: .*" + fleet.urls[2]):
         fleet.admin(apply_timeout=1.0).set_routing(DIGITS, routing(0.35))
     fleet.relay.mend()
@@ -269,14 +269,18 @@ def test_a_replica_restarted_mid_rollout_comes_back_with_the_latest_routing(
     assert fleet.source.url in status["error"]
     assert call(f"{fleet.urls[1]}/admin/routing/{DIGITS}")["canary_weight"] == 0.5
     fleet.source.start()
-    poll(lambda: fleet.status(1)["connected"] is True, APPLIED_TIMEOUT_S,
-         "replica 1 to reconnect to the restarted source")  # fmt: skip
+    wait_until(lambda: fleet.status(1)["connected"] is True,
+               "replica 1 to reconnect to the restarted source", APPLIED_TIMEOUT_S)  # fmt: skip
     fleet.admin().set_routing(DIGITS, routing(0.7))
     assert fleet.admin().checked(DIGITS, [1, 2]) == routing(0.7)
 
 
 def test_the_rollout_controller_reaches_every_replica_through_the_source(
-    fleet: Fleet, tmp_path: Path
+    fleet: Fleet,
+    tmp_path: Path,
+    serving_model: ServingModel,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
 ) -> None:
     """``slipway canary start``, unchanged, given one replica's URL: the replicas name
     their source, the source names every replica, and each step reaches all three."""
@@ -284,23 +288,19 @@ def test_the_rollout_controller_reaches_every_replica_through_the_source(
     analysis = tmp_path / "analysis.json"
     analysis.write_text(json.dumps(ERRORS_ONLY))
     command = [
-        sys.executable, "-m", "slipway", "canary", "start", DIGITS, "--version", "2",
+        "canary", "start", DIGITS, "--version", "2",
         "--steps", "50,100", "--bake", "2s", "--interval", "1s", "--analysis", str(analysis),
         "--gateway", fleet.urls[0], "--state-dir", str(tmp_path / "state"),
     ]  # fmt: skip
     for url in fleet.urls:
         command += ["--metrics-from", url]
-    env = {**os.environ, "SLIPWAY_ADMIN_TOKEN": TOKEN}
-    pool = request_pool(model_factory.signature_json())
+    monkeypatch.setenv("SLIPWAY_ADMIN_TOKEN", TOKEN)
+    pool = request_pool(serving_model.signature_json())
     with ClientLoad(fleet.urls, DIGITS, pool, rate=60):
-        try:
-            done = subprocess.run(
-                command, env=env, capture_output=True, text=True, timeout=ROLLOUT_TIMEOUT_S
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise AssertionError(f"the rollout did not finish:\n{exc.stdout}") from None
-    assert done.returncode == 0, done.stdout + done.stderr
+        code = main(command)
+    output = capsys.readouterr()
+    assert code == 0, output.out + output.err
     for url in fleet.urls:
         assert call(f"{url}/admin/routing/{DIGITS}")["labels"] == {"stable": 2, "previous": 1}, (
-            done.stdout + json.dumps(call(f"{fleet.source.url}/v1/routing"))
+            output.out + json.dumps(call(f"{fleet.source.url}/v1/routing"))
         )
