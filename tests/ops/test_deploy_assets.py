@@ -13,10 +13,8 @@ import argparse
 import http.server
 import json
 import re
-import socket
 import subprocess
 import threading
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -34,7 +32,9 @@ from serving.config import GatewayConfig, load_config
 from serving.metrics import ROUTES, GatewayMetrics
 from serving.routing import parse_routing
 from serving.routing_store import RoutingStore
-from tests import prometheus_binaries
+from tests.support.ports import free_port
+from tests.support.prometheus import binary
+from tests.support.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "ops" / "deploy"
@@ -316,7 +316,7 @@ def dashboard() -> dict[str, Any]:
 
 def run_promtool(*arguments: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [prometheus_binaries.binary("promtool"), *map(str, arguments)],
+        [binary("promtool"), *map(str, arguments)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -842,6 +842,7 @@ def test_dashboard_covers_the_gateway_signals(dashboard: dict[str, Any]) -> None
     assert [s for s in signals if not any(s in name for name in used)] == []
 
 
+@pytest.mark.process  # promtool
 def test_dashboard_queries_are_valid_promql(dashboard: dict[str, Any], tmp_path: Path) -> None:
     expressions = dashboard_expressions(dashboard)
     rule_file = tmp_path / "dashboard_queries.yml"
@@ -868,11 +869,13 @@ def test_dashboard_queries_are_valid_promql(dashboard: dict[str, Any], tmp_path:
 # =========================================================================== tests: promtool
 
 
+@pytest.mark.process  # promtool
 def test_promtool_accepts_the_rule_files() -> None:
     result = run_promtool("check", "rules", *RULE_FILES)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.process  # promtool
 def test_promtool_accepts_the_prometheus_config(deployment: dict[str, Any], tmp_path: Path) -> None:
     config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
     (pods_job,) = [job for job in config["scrape_configs"] if "kubernetes_sd_configs" in job]
@@ -891,6 +894,7 @@ def test_promtool_accepts_the_prometheus_config(deployment: dict[str, Any], tmp_
     assert "SUCCESS: 2 rule files found" in result.stdout + result.stderr
 
 
+@pytest.mark.process  # promtool
 def test_rule_unit_tests_pass() -> None:
     tests = yaml.safe_load((RULES / "tests.yml").read_text())
     assert {Path(f).name for f in tests["rule_files"]} == {p.name for p in RULE_FILES}
@@ -900,12 +904,6 @@ def test_rule_unit_tests_pass() -> None:
 
 
 # =========================================================================== tests: Prometheus
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture
@@ -952,11 +950,11 @@ def api(port: int, path: str, **params: str) -> Any:
         return json.load(response)["data"]
 
 
-@pytest.mark.integration
+@pytest.mark.process
 def test_prometheus_scrapes_annotated_gateway_pods_and_records_the_rules(
     deployment: dict[str, Any], gateway_metrics_endpoint: int, tmp_path: Path
 ) -> None:
-    prometheus = prometheus_binaries.binary("prometheus")
+    prometheus = binary("prometheus")
     port = str(gateway_metrics_endpoint)
     annotated_port = {"__meta_kubernetes_pod_annotation_prometheus_io_port": port}
     gateway = discovered_gateway_pod(deployment, "127.0.0.1", **annotated_port)
@@ -987,19 +985,21 @@ def test_prometheus_scrapes_annotated_gateway_pods_and_records_the_rules(
             stderr=log_file,
         )
     ratio_query = 'model_route:slipway_gateway_request_error_ratio:rate1m{model="digits"}'
+
+    def both_ratios() -> dict[str, float]:
+        """The recorded error ratio of each route, once Prometheus has both."""
+        try:
+            result = api(api_port, "query", query=ratio_query)["result"]
+        except OSError:  # not listening yet
+            return {}
+        ratios = {s["metric"]["route"]: float(s["value"][1]) for s in result}
+        return ratios if len(ratios) == 2 else {}
+
     try:
-        deadline = time.monotonic() + 45
-        ratios: dict[str, float] = {}
-        while time.monotonic() < deadline and len(ratios) < 2:
-            try:
-                result = api(api_port, "query", query=ratio_query)["result"]
-            except OSError:  # not listening yet
-                result = []
-            ratios = {s["metric"]["route"]: float(s["value"][1]) for s in result}
-            if len(ratios) < 2:
-                time.sleep(0.25)  # polling another process's HTTP API: nothing to wait on
-        log = log_path.read_text()
-        assert len(ratios) == 2, f"no recorded error ratios within 45 s:\n{log[-3000:]}"
+        try:
+            ratios = wait_until(both_ratios, "recorded error ratios of both routes", 45)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}:\n{log_path.read_text()[-3000:]}") from None
         targets = api(api_port, "targets")
     finally:
         process.terminate()

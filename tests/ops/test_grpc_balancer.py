@@ -14,17 +14,18 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from ops.balancer import Listen, nginx_config
-from serving.process import GatewayProcess, free_port
+from serving.process import GatewayProcess
 from serving.routing import sticky_fraction
-from tests.serving import model_factory
+from tests.support.grpc_requests import predict_request
+from tests.support.ports import free_port
+from tests.support.serving_models import MODEL_NAME, ServingModel
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
-MODEL = model_factory.MODEL_NAME
+MODEL = MODEL_NAME
 CANARY_WEIGHT = 0.3
 STICKY_HEADER = "x-user-id"
 READY_TIMEOUT_S = 60.0
@@ -35,14 +36,6 @@ def nginx_binary() -> str:
     if path is None:
         pytest.skip("nginx is not installed; install it with `make nginx` (Debian's 'nginx')")
     return path
-
-
-def predict_request() -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = MODEL
-    for name, array in model_factory.sample_inputs(batch=1).items():
-        request.inputs[name].CopyFrom(tf.make_tensor_proto(array))
-    return request
 
 
 def replica_requests(replica: GatewayProcess) -> float:
@@ -60,12 +53,12 @@ def urlopen(url: str):  # noqa: ANN201 - a context manager from urllib
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+def fleet(tmp_path_factory: pytest.TempPathFactory, serving_model: ServingModel) -> Iterator[dict]:
     nginx = nginx_binary()
     workdir = tmp_path_factory.mktemp("balancer")
     root = workdir / "models"
     for version in (1, 2):
-        model_factory.publish(root, version)
+        serving_model.publish(root, version)
     routing = {
         "models": {
             MODEL: {
@@ -127,6 +120,7 @@ def call(fleet: dict, user: str | None = None) -> predict_pb2.PredictResponse:
     return fleet["stub"].Predict(predict_request(), timeout=60, metadata=metadata)
 
 
+@pytest.mark.process
 def test_calls_over_one_connection_spread_over_both_replicas(fleet: dict) -> None:
     before = [replica_requests(replica) for replica in fleet["replicas"]]
     calls = 60
@@ -137,6 +131,7 @@ def test_calls_over_one_connection_spread_over_both_replicas(fleet: dict) -> Non
     assert min(answered) >= calls * 0.3, f"calls per replica: {answered}"
 
 
+@pytest.mark.process
 def test_sticky_keys_and_the_canary_weight_hold_whichever_replica_answers(fleet: dict) -> None:
     users = [f"user-{index}" for index in range(60)]
     for user in users:
@@ -147,6 +142,7 @@ def test_sticky_keys_and_the_canary_weight_hold_whichever_replica_answers(fleet:
     assert 0 < canaries < len(users)  # both sides of the split were exercised
 
 
+@pytest.mark.process
 def test_a_killed_replica_costs_no_call(fleet: dict) -> None:
     victim, survivor = fleet["replicas"]
     before = replica_requests(survivor)
@@ -156,6 +152,7 @@ def test_a_killed_replica_costs_no_call(fleet: dict) -> None:
     assert replica_requests(survivor) - before == len(answers)
 
 
+@pytest.mark.process
 def test_the_written_configuration_passes_nginx_own_check(tmp_path) -> None:  # noqa: ANN001
     from slipway.cli import main
 
