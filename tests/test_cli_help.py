@@ -43,6 +43,7 @@ def test_command_has_a_one_line_summary(prog: str) -> None:
     assert not first.startswith(prog), f"{prog}: the description repeats the command name"
 
 
+@pytest.mark.process  # a fresh interpreter, to see what help imports
 def test_help_answers_without_importing_tensorflow() -> None:
     probe = (
         "import sys; from slipway.cli import main\n"

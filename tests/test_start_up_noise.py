@@ -61,7 +61,7 @@ def stderr_of(script: str) -> str:
     return result.stderr
 
 
-@pytest.mark.integration
+@pytest.mark.process
 def test_a_quieted_process_keeps_real_messages_and_drops_tensorflows_notices() -> None:
     importing = (
         "import os, sys\n"
