@@ -5,24 +5,49 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 DEMO_DIR ?= out/demo
-# What pip installs: the project with its test and docs tools here, the project alone in the image.
-INSTALL_SPEC ?= .[dev,docs]
+# The extras installed beside the locked dependencies: the test and docs tools here, none in
+# the image (the Dockerfile passes INSTALL_EXTRAS=).
+INSTALL_EXTRAS ?= dev docs
+# The installer, pinned like everything it installs: pip (which `venv` brings along) puts uv
+# into the venv, and `uv sync` leaves pip and uv in place. uv finds the venv by
+# UV_PROJECT_ENVIRONMENT and uses $(PYTHON)'s venv, never a downloaded interpreter.
+UV_VERSION := 0.13.9
+UV_STAMP := $(VENV)/.uv-$(UV_VERSION)
+UV := UV_PROJECT_ENVIRONMENT=$(VENV) $(BIN)/uv --no-python-downloads
+# `make lock` moves every package to its newest release within pyproject.toml's ranges;
+# LOCK_ARGS= only records an edit of pyproject.toml, --upgrade-package NAME moves one package.
+LOCK_ARGS ?= --upgrade
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONDONTWRITEBYTECODE = 1
 
 .PHONY: install prometheus nginx image test test-all demo bench lint docs docs-build clean
 .PHONY: peers
+.PHONY: lock lock-check
 
+# Exactly the set uv.lock pins (the project itself editable): missing packages are added,
+# others removed (but pip and uv), and a lock that no longer matches pyproject.toml is an error,
+# not a resolve.
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '$(INSTALL_SPEC)'
+$(STAMP): pyproject.toml uv.lock $(UV_STAMP)
+	$(UV) sync --locked --quiet $(addprefix --extra ,$(INSTALL_EXTRAS))
 	@touch $(STAMP)
 	@command -v prometheus >/dev/null 2>&1 || echo "note: the rollout tests need a real Prometheus," \
 		"and skip without it. Run 'make prometheus' to install Debian's package."
+
+$(UV_STAMP):
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	@touch $(UV_STAMP)
+
+# The only command that changes uv.lock. Installing never does.
+lock: $(UV_STAMP)
+	$(UV) lock $(LOCK_ARGS)
+
+# Fails when uv.lock no longer matches pyproject.toml (CI runs it).
+lock-check: $(UV_STAMP)
+	$(UV) lock --check
 
 # Optional: the rollout and deploy-asset tests run Debian's real Prometheus and promtool.
 prometheus:
@@ -37,17 +62,18 @@ nginx:
 		     $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nginx; }
 
 # Optional: MLServer and Ray Serve for benchmarks.serving_peers, in a venv of their own
-# (their pins clash with the project's). Only the `peers` extra is installed there.
+# (their pins clash with the project's). Only the `peers` extra is installed there, not the
+# project, at the versions uv.lock resolves for it apart from the dev and docs tools.
 PEERS_VENV := .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
 peers: $(PEERS_STAMP)
 
-$(PEERS_STAMP): pyproject.toml
+$(PEERS_STAMP): pyproject.toml uv.lock $(UV_STAMP)
 	@test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
-	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(PEERS_VENV)/bin/python -c "import tomllib; print('\\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['peers']))" > $(PEERS_VENV)/requirements.txt
-	$(PEERS_VENV)/bin/python -m pip install --quiet -r $(PEERS_VENV)/requirements.txt
+	$(UV) export --locked --quiet --extra peers --no-emit-project --no-hashes --output-file $(PEERS_VENV)/constraints.txt
+	$(UV) pip install --quiet --python $(PEERS_VENV)/bin/python -r $(PEERS_VENV)/requirements.txt -c $(PEERS_VENV)/constraints.txt
 	@touch $(PEERS_STAMP)
 
 # The image the Kubernetes manifests in ops/deploy run.
