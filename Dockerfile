@@ -2,15 +2,16 @@
 # for TFJob workers. Built with `make image`.
 #
 # Two stages: the first runs the same `make install` as a developer's machine (a .venv with
-# the project and its pinned dependencies, without the test tools); the second copies that
-# tree into a clean base and runs as an unprivileged user, with no compiler or apt cache.
+# the project and exactly the dependencies uv.lock pins, without the test and docs tools); the
+# second copies that tree into a clean base and runs as an unprivileged user, with no compiler
+# or apt cache.
 
 FROM python:3.11-slim-bookworm AS build
 RUN apt-get update \
     && apt-get install -y --no-install-recommends make \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
-COPY pyproject.toml Makefile README.md ./
+COPY pyproject.toml uv.lock Makefile README.md ./
 COPY slipway ./slipway
 COPY contracts ./contracts
 COPY research ./research
@@ -18,7 +19,7 @@ COPY training ./training
 COPY compression ./compression
 COPY serving ./serving
 COPY ops ./ops
-RUN make install PYTHON=python3.11 INSTALL_SPEC=. \
+RUN make install PYTHON=python3.11 INSTALL_EXTRAS= \
     && find .venv -name '__pycache__' -prune -exec rm -rf {} +
 
 FROM python:3.11-slim-bookworm
