@@ -95,7 +95,7 @@ def test_every_installed_package_is_copied_into_the_build(
         if path.parent.name not in ("tests", "benchmarks")
     }
     assert on_disk == set(included), "pyproject's package list and the source tree differ"
-    assert {"pyproject.toml", "Makefile"} <= {
+    assert {"pyproject.toml", "uv.lock", "Makefile"} <= {
         name for _, arguments in stages(dockerfile)[0] for name in arguments.split()
     }
 
@@ -105,11 +105,12 @@ def test_the_build_runs_make_install_without_the_test_tools(
 ) -> None:
     runs = [arguments for keyword, arguments in stages(dockerfile)[0] if keyword == "RUN"]
     install = [command for command in runs if "make install" in command]
-    assert install and "INSTALL_SPEC=." in install[0]
+    # No extras: the locked dependencies without the test and docs tools.
+    assert install and re.search(r"\bINSTALL_EXTRAS=(\s|$)", install[0])
     assert not any("pip install" in command for command in runs), "install goes through make"
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    assert "pip install --quiet -e '$(INSTALL_SPEC)'" in makefile
-    assert re.search(r"^INSTALL_SPEC \?= \.\[dev\]$", makefile, re.M)
+    assert "sync --locked --quiet $(addprefix --extra ,$(INSTALL_EXTRAS))" in makefile
+    assert re.search(r"^INSTALL_EXTRAS \?= dev docs$", makefile, re.M)
 
 
 def test_the_runtime_stage_runs_the_cli_as_an_unprivileged_user(
