@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from serving.inference_results import classes_from_outputs, classification_proto
 from serving.tensors import float32_json_value, outputs_to_predictions
 from tests.support.gateways import GatewayThread
 from tests.support.http import http
+from tests.support.waiting import wait_until
 from tests.support.warmup import example, write_half_plus_two
 
 pytestmark = pytest.mark.timeout(120)
@@ -126,11 +126,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
     write_half_plus_two(root / MODEL / "1")
     write_two_lengths(root / UNBATCHED / "1")
     with GatewayThread(root) as thread:
-        deadline = time.monotonic() + 60
         for name in (MODEL, UNBATCHED):
-            while http(thread, "GET", f"/v1/models/{name}")[0] != 200:
-                assert time.monotonic() < deadline, f"{name} did not load"
-                time.sleep(0.1)
+            wait_until(
+                lambda name=name: http(thread, "GET", f"/v1/models/{name}")[0] == 200,
+                f"{name} to load",
+                timeout=60,
+            )
         yield thread
 
 
