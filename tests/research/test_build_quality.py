@@ -21,18 +21,15 @@ from research.data.rejects import DROPPED_FILE, QUARANTINE_FILE, WriteRejects, w
 from research.data.report import REPORT_FILE, build_report
 from research.data.shards import shard_file_name, write_shard
 from research.data.spec import QualitySpec
-from tests.research.data_fixtures import (
-    leftovers,
-    slipway,
+from tests.support.cli import slipway
+from tests.support.raw_data import (
     tabular_rows,
     tabular_spec,
-    tree_digest,
     write_spec,
     write_tabular_csv,
     write_tabular_dataset_inputs,
 )
-
-pytestmark = pytest.mark.integration
+from tests.support.shards import leftovers, tree_digest
 
 REFUSED = 3
 

@@ -13,9 +13,9 @@ import yaml
 from contracts.dataset_manifest import load_manifest
 from research.data.records import canonical_bytes
 from research.data.split import split_for_key
-from tests.research.data_fixtures import read_examples, slipway, write_spec
-
-pytestmark = pytest.mark.integration
+from tests.support.cli import slipway
+from tests.support.raw_data import write_spec
+from tests.support.shards import read_examples
 
 SPLITS = {"train": 0.7, "validation": 0.15, "test": 0.15}
 BAD_ROW, MISSING_ROW = 11, 20  # rows (0-based, after the header) with a bad / missing cell

@@ -14,7 +14,7 @@ from research.data.records import ORIGIN
 from research.data.schema import resolve_schema
 from research.data.sources import check_sources, source_columns
 from research.data.spec import DatasetSpec
-from tests.research.data_fixtures import make_spec, public, read
+from tests.support.source_records import make_spec, public, read
 
 
 def sklearn_csv(name: str, directory: Path) -> Path:

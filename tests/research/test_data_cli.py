@@ -8,35 +8,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 from contracts.dataset_manifest import load_manifest
 from contracts.yaml_config import ConfigError
+from research.data import cli as data_cli
 from research.data import shards
 from research.data.pipeline import build_dataset
 from research.data.spec import load_spec
 from slipway.cli import build_parser
-from tests.research.data_fixtures import (
-    leftovers,
-    shard_hashes,
-    slipway,
+from tests.support.cli import slipway
+from tests.support.raw_data import (
     tabular_rows,
     tabular_spec,
-    tree_digest,
     write_spec,
     write_tabular_csv,
     write_tabular_dataset_inputs,
 )
-
-pytestmark = pytest.mark.integration
+from tests.support.shards import leftovers, shard_hashes, tree_digest
 
 TABLE_ROWS = 400
 
@@ -501,25 +496,20 @@ def test_help_lists_only_commands_that_run(
         assert "Traceback" not in error
 
 
-def test_tables_written_to_a_pipe_keep_every_column(table: Path, drifted: Path) -> None:
-    piped = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slipway",
-            "data",
-            "validate",
-            str(drifted),
-            "--reference",
-            str(table),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={key: value for key, value in os.environ.items() if key != "COLUMNS"},
-    )
-    assert piped.returncode == 1, piped.stderr  # the drift is reported, in full
-    lines = piped.stdout.splitlines()
+def test_tables_written_to_a_pipe_keep_every_column(
+    table: Path,
+    drifted: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Captured output is not a terminal, as a pipe is not; the console is made afresh the
+    # way the command makes it, in an environment that does not name a width.
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(data_cli, "console", Console())
+    capsys.readouterr()
+    code = slipway("data", "validate", drifted, "--reference", table)
+    piped = capsys.readouterr()
+    assert code == 1, piped.err  # the drift is reported, in full
+    lines = piped.out.splitlines()
     assert max(map(len, lines)) > 80, "the table fits 80 columns: it proves nothing here"
-    assert not any("…" in line for line in lines), piped.stdout
+    assert not any("…" in line for line in lines), piped.out

@@ -13,7 +13,7 @@ from research.data import filesystems
 from research.data.shards import write_shard
 from research.data.spec import VocabSpec
 from research.data.tokenizer import save_field_files, train_tokenizer
-from tests.research.memory_filesystem import MemoryFileSystem
+from tests.support.memory_filesystem import MemoryFileSystem
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ from research.data.pipeline import build_dataset
 from research.data.records import ORIGIN
 from research.data.schema import resolve_schema
 from research.data.spec import load_spec
-from tests.research.data_fixtures import make_spec, public, read, read_examples, write_spec
-
-pytestmark = pytest.mark.integration
+from tests.support.raw_data import write_spec
+from tests.support.shards import read_examples
+from tests.support.source_records import make_spec, public, read
 
 
 def digits() -> tuple[np.ndarray, np.ndarray]:
@@ -155,7 +155,7 @@ def test_a_large_hdf5_file_is_read_in_row_ranges_that_add_up_to_it(tmp_path: Pat
 
 
 def test_array_files_are_read_from_a_uri(tmp_path: Path) -> None:
-    from tests.research.memory_filesystem import MemoryFileSystem
+    from tests.support.memory_filesystem import MemoryFileSystem
 
     write_digits(tmp_path)
     MemoryFileSystem.files.clear()

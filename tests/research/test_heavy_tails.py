@@ -13,7 +13,8 @@ from research.data.input_pipeline import make_dataset, training_means
 from research.data.pipeline import build_dataset
 from research.data.spec import load_spec
 from research.preprocessing.preprocessor import FeaturePreprocessor
-from tests.research.data_fixtures import read_examples, write_spec
+from tests.support.raw_data import write_spec
+from tests.support.shards import read_examples
 
 CLIP = (0.0, 5e6)
 

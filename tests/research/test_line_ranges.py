@@ -20,7 +20,8 @@ from research.data.line_ranges import LineRange, open_range, plan_ranges, splitt
 from research.data.pipeline import build_dataset
 from research.data.sources import check_sources, file_parts, read_source_file
 from research.data.spec import DatasetSpec
-from tests.research.data_fixtures import make_spec, shard_hashes
+from tests.support.shards import shard_hashes
+from tests.support.source_records import make_spec
 
 CSV_WITH_EVERYTHING = (
     b"\xef\xbb\xbfexported 2024-01-01\r\n"

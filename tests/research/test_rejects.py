@@ -31,7 +31,7 @@ from research.data.runners import pipeline_options
 from research.data.schema import STAGE as SCHEMA_STAGE
 from research.data.sorted_runs import WriteSortedRuns, merge_runs, read_run, write_run
 from research.data.spec import CleanSpec, FieldSchema
-from tests.research.data_fixtures import tabular_rows, write_tabular_dataset_inputs
+from tests.support.raw_data import tabular_rows, write_tabular_dataset_inputs
 
 ORIGINS = [
     "a.csv:10", "a.csv:9", "a.csv:009", "a.csv", "a.csv:", "b.csv:1", "a.csv:9:1", "a.csv:9a",
@@ -169,7 +169,7 @@ def test_no_entries_still_write_an_empty_log(tmp_path: Path) -> None:
     assert write_with_beam([], tmp_path / "quarantine.jsonl", []) == b""
 
 
-@pytest.mark.integration
+@pytest.mark.process
 def test_the_dask_runner_writes_the_same_logs(tmp_path: Path) -> None:
     sample = entries(1500, seed=6)
     pipeline = beam.Pipeline(options=pipeline_options(["--runner", "dask", "--workers", "2"]))
@@ -214,7 +214,6 @@ def test_beam_masks_the_reason_and_raw_text_of_each_entry(tmp_path: Path) -> Non
     assert b"example.com" not in written
 
 
-@pytest.mark.integration
 def test_a_quarantined_csv_row_is_masked_like_the_dataset(tmp_path: Path) -> None:
     from research.data.pipeline import build_dataset
     from research.data.spec import load_spec

@@ -13,7 +13,7 @@ from contracts.dataset_manifest import MANIFEST_FILE, DatasetExistsError
 from research.data.pipeline import build_dataset
 from research.data.quality import BuildRejectedError
 from research.data.spec import DatasetSpec
-from tests.research.memory_filesystem import MemoryFileSystem
+from tests.support.memory_filesystem import MemoryFileSystem
 
 BUCKET = "memtest://bucket"
 ROWS = "".join(f"{i},note number {i},{i % 3}\n" for i in range(300))

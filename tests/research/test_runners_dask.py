@@ -27,9 +27,10 @@ from research.data.runners import DASK_RUNNER, IN_PROCESS_RUNNER, pipeline_optio
 from research.data.spec import load_spec
 from research.data.synthetic import write_corpus_jsonl
 from slipway.raw_data import write_docstrings_jsonl
-from tests.research.data_fixtures import EXAMPLE_SPECS, slipway, tree_digest, write_spec
-
-pytestmark = pytest.mark.integration
+from tests.support.cli import slipway
+from tests.support.raw_data import EXAMPLE_SPECS, write_spec
+from tests.support.shards import tree_digest
+from tests.support.waiting import wait_until
 
 CORPUS_SIZE = 1500
 PARTS = 3
@@ -58,6 +59,7 @@ def manifest_without_time(dataset: Path) -> dict[str, Any]:
     return manifest
 
 
+@pytest.mark.process
 def test_a_dask_build_is_byte_identical_to_the_in_process_build(tmp_path: Path) -> None:
     spec_path = write_corpus_parts(tmp_path / "raw")
     reference = build_dataset(load_spec(spec_path), tmp_path / "in-process")
@@ -76,6 +78,7 @@ def test_a_dask_build_is_byte_identical_to_the_in_process_build(tmp_path: Path) 
     assert sorted(path.name for path in tmp_path.iterdir()) == ["dask", "in-process", "raw"]
 
 
+@pytest.mark.process
 def test_word_terms_learned_by_dask_workers_are_the_in_process_ones(tmp_path: Path) -> None:
     """The docstrings example reads its text as words: the workers count document
     frequencies with the graph's term function in their own processes."""
@@ -97,6 +100,7 @@ def test_word_terms_learned_by_dask_workers_are_the_in_process_ones(tmp_path: Pa
     assert dask_files == reference_files  # the terms file and the shards
 
 
+@pytest.mark.process
 def test_one_large_file_read_in_parts_by_the_workers_gives_the_whole_reads_bytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -165,6 +169,7 @@ def counters(result: Any, namespace: str) -> dict[str, int]:
     return {counter.key.metric.name: counter.committed for counter in query["counters"]}
 
 
+@pytest.mark.process
 def test_a_pipeline_runs_in_the_clusters_worker_processes(cluster: Client) -> None:
     options = pipeline_options(["--runner", "DaskRunner", "--dask_client_address",
                                 cluster.scheduler.address])  # fmt: skip
@@ -223,6 +228,7 @@ def _join_rounds(pipeline: beam.Pipeline, rounds: int) -> beam.PCollection:
     return keyed
 
 
+@pytest.mark.process
 def test_joins_in_a_row_stay_within_the_partition_bound(cluster: Client) -> None:
     pipeline = beam.Pipeline(options=pipeline_options(["--runner", "dask"]))
     _ = _join_rounds(pipeline, rounds=6)
@@ -260,6 +266,7 @@ class _CountBundles(beam.DoFn):
             beam.metrics.Metrics.counter("bundles", "with_elements").inc()
 
 
+@pytest.mark.process
 def test_a_reshuffle_spreads_a_short_list_of_work_over_partitions(cluster: Client) -> None:
     # One element (a file) fans out to 40 (its parts) in one partition; the Reshuffle
     # after it must spread those parts over the partitions, so that workers share them.
@@ -279,16 +286,17 @@ def _fail(element: int) -> int:
     raise ValueError(f"bad element {element}")
 
 
+@pytest.mark.process
 def test_a_failing_build_raises_its_error_and_stops_its_cluster() -> None:
     before = {child.pid for child in psutil.Process().children(recursive=True)}
     pipeline = beam.Pipeline(options=pipeline_options(["--runner", "dask", "--workers", "2"]))
     _ = pipeline | beam.Create([7]) | beam.Map(_fail)
     with pytest.raises(ValueError, match="bad element 7"):
         pipeline.run()
-    deadline = time.monotonic() + 30
-    while {c.pid for c in psutil.Process().children(recursive=True)} - before:
-        assert time.monotonic() < deadline, "worker processes outlived the build"
-        time.sleep(0.2)
+    wait_until(
+        lambda: not {c.pid for c in psutil.Process().children(recursive=True)} - before,
+        "the build's worker processes to exit",
+    )
 
 
 def test_windowing_is_refused_before_any_worker_starts() -> None:

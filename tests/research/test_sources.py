@@ -28,7 +28,7 @@ from research.data.sources import (
     source_columns,
 )
 from research.data.spec import DatasetSpec
-from tests.research.data_fixtures import public, read
+from tests.support.source_records import public, read
 
 FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 

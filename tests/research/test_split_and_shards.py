@@ -16,7 +16,7 @@ from research.data.records import content_digest, make_rank
 from research.data.shards import WriteShards, order_key, shard_index
 from research.data.spec import SplitSpec
 from research.data.split import SPLIT, AssignSplit, record_key, split_for_key
-from tests.research.data_fixtures import decode_example
+from tests.support.shards import decode_example
 
 RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 RATIOS = {"train": 0.8, "validation": 0.1, "test": 0.1}

@@ -16,7 +16,7 @@ from research.data.pipeline import build_dataset
 from research.data.spec import load_spec
 from research.preprocessing.preprocessor import FeaturePreprocessor
 from research.preprocessing.strings import StringCleaner
-from tests.research.data_fixtures import write_spec
+from tests.support.raw_data import write_spec
 
 # Every character Python's str.split() splits on, and some that look alike but are not.
 WHITESPACE = [chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()]

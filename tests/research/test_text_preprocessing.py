@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 import shutil
 from functools import partial
 from pathlib import Path
@@ -20,30 +19,9 @@ from research.data.pipeline import build_dataset
 from research.data.spec import VocabSpec, load_spec
 from research.data.tokenizer import train_tokenizer
 from research.preprocessing.text import PAD_ID, SubwordTokenizer, tokenizer_for
-from tests.research.data_fixtures import read_examples, text_of, write_text_spec
-
-WORDS = ["river", "mill", "naïve", "straße", "東京", "данные", "ελληνικά", "🙂", "👍🏽", "e\u0301t"]
-PUNCTUATION = "!?.,;:…—–-«»\"'()[]{}<>/\\@#$%^&*_+=|~`"
-
-
-def varied_texts(count: int, seed: int = 0) -> list[str]:
-    """Generated texts of every awkward kind: empty, whitespace, punctuation, unicode, long."""
-    rng = random.Random(seed)
-
-    def words(n: int) -> str:
-        return " ".join(rng.choice(WORDS) for _ in range(n))
-
-    kinds = [
-        lambda: "",
-        lambda: rng.choice([" ", "\t", "  \t ", "\n", " \n \t "]),
-        lambda: "".join(rng.choice(PUNCTUATION) for _ in range(rng.randint(1, 30))),
-        lambda: words(rng.randint(1, 12)),
-        lambda: words(rng.randint(1, 6)) + rng.choice(PUNCTUATION) + "  " + words(3),
-        lambda: "".join(chr(rng.randint(0x20, 0x2FFF)) for _ in range(rng.randint(1, 40))),
-        lambda: words(rng.randint(600, 1500)),  # very long: thousands of characters
-        lambda: f"  {words(4).upper()}\t{rng.randint(0, 10**9)}  ",
-    ]
-    return [rng.choice(kinds)() for _ in range(count)]
+from tests.support.raw_data import write_text_spec
+from tests.support.shards import read_examples, text_of
+from tests.support.texts import varied_texts
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +107,6 @@ def export_tokenizer(layer: SubwordTokenizer, directory: Path) -> Path:
     return directory
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
 def test_training_ids_equal_the_ids_a_reloaded_saved_model_computes(
     model_type: str, tmp_path: Path

@@ -20,13 +20,8 @@ from research.data.tfrecord_files import (
     TFRecordWriter,
     read_records,
 )
-from tests.research.data_fixtures import (
-    all_examples,
-    tabular_rows,
-    tabular_spec,
-    write_spec,
-    write_tabular_csv,
-)
+from tests.support.raw_data import tabular_rows, tabular_spec, write_spec, write_tabular_csv
+from tests.support.shards import all_examples
 
 COMPRESSIONS = ["none", "gzip"]
 GZIP_HEADER_SIZE = 10  # magic, method, flags, mtime, extra flags, OS: no payload
@@ -152,7 +147,7 @@ def test_an_unknown_compression_is_refused() -> None:
         TFRecordWriter(io.BytesIO(), "zlib")
 
 
-@pytest.mark.integration
+@pytest.mark.process
 def test_a_dataset_build_never_imports_tensorflow(tmp_path: Path) -> None:
     """Each worker process would pay its import, about 0.6 GiB, for nothing."""
     rows = tabular_rows(60, seed=3)

@@ -22,9 +22,8 @@ from research.data.pipeline import build_dataset
 from research.data.quality import BuildRejectedError
 from research.data.spec import VocabSpec, load_spec
 from research.data.tokenizer import train_tokenizer
-from tests.research.data_fixtures import read_examples, text_of, tree_digest, write_spec
-
-pytestmark = pytest.mark.integration
+from tests.support.raw_data import write_spec
+from tests.support.shards import read_examples, text_of, tree_digest
 
 PLANTED = "quetzalcoatlus"
 COMMON = ["the", "river", "runs", "past", "the", "old", "mill", "and", "the", "miller", "sings"]
@@ -137,6 +136,7 @@ def test_token_statistics_count_the_learned_models_tokens(tmp_path: Path) -> Non
         assert (quantiles["p0"], quantiles["p100"]) == (counts[0], counts[-1])
 
 
+@pytest.mark.process
 def test_learning_is_the_same_in_another_process() -> None:
     texts = [sentence(i) + f" n{i}" for i in range(300)]
     here = train_tokenizer(texts, VocabSpec(size=120, model_type="unigram"), "text")

@@ -30,8 +30,9 @@ from research.preprocessing.words import (
     text_terms,
     word_bag_for,
 )
-from tests.research.data_fixtures import read_examples, text_of, write_spec, write_text_spec
-from tests.research.test_text_preprocessing import varied_texts
+from tests.support.raw_data import write_spec, write_text_spec
+from tests.support.shards import read_examples, text_of
+from tests.support.texts import varied_texts
 
 TEXTS = [
     "Return the Logger; the logger is cached.",
@@ -196,7 +197,6 @@ def test_words_apply_to_text_fields_only(tmp_path: Path) -> None:
 SKEW_TEXTS = 1000
 
 
-@pytest.mark.integration
 def test_training_bags_equal_the_bags_a_reloaded_serving_graph_computes(tmp_path: Path) -> None:
     """The skew check: on 1,000 varied texts the input pipeline's bags are those an
     exported preprocessing graph computes from the raw strings a client sends."""

@@ -7,7 +7,7 @@ import tf_keras as keras
 from contracts.yaml_config import ConfigError, parse_model
 from research.models import CnnConfig, HeadSpec, ModelConfig
 from research.models.registry import build_model
-from tests.research.models.checks import (
+from tests.support.keras_checks import (
     assert_config_round_trip,
     assert_saved_model_round_trip,
     train,

@@ -11,6 +11,7 @@ import pytest
 REPOSITORY = Path(__file__).resolve().parents[3]
 
 
+@pytest.mark.process  # only a fresh interpreter shows what an import loads
 @pytest.mark.parametrize("module", ["research.experiments.config", "research.models"])
 def test_configs_import_no_tensorflow(module: str) -> None:
     check = (

@@ -10,7 +10,7 @@ from research.models import GptConfig, HeadSpec, ModelConfig
 from research.models.gpt import generate, next_token_pairs
 from research.models.losses import PaddedSequenceCrossentropy
 from research.models.registry import build_model
-from tests.research.models.checks import (
+from tests.support.keras_checks import (
     assert_config_round_trip,
     assert_saved_model_round_trip,
     train,

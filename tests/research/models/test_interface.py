@@ -13,7 +13,7 @@ from research.models import HeadSpec, InputSpec
 from research.models.interface import conform_model
 from research.models.registry import build_model
 from research.models.specs import ModelInterfaceError
-from tests.research.models.checks import (
+from tests.support.keras_checks import (
     assert_config_round_trip,
     assert_saved_model_round_trip,
     predict,

@@ -12,7 +12,7 @@ from contracts.yaml_config import ConfigError, parse_model
 from research.models import HeadSpec, ModelConfig
 from research.models.moe import MixtureOfExperts
 from research.models.registry import build_model
-from tests.research.models.checks import assert_config_round_trip
+from tests.support.keras_checks import assert_config_round_trip
 
 WIDTH, LENGTH, VOCAB = 8, 10, 30
 

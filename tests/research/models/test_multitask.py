@@ -8,7 +8,7 @@ from contracts.yaml_config import ConfigError, parse_model
 from research.models import HeadSpec, ModelConfig, MultiTaskConfig
 from research.models.endpoints import compile_args
 from research.models.registry import build_model
-from tests.research.models.checks import (
+from tests.support.keras_checks import (
     assert_config_round_trip,
     assert_saved_model_round_trip,
     train,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
+import runpy
 import sys
 import textwrap
 import uuid
@@ -17,11 +17,10 @@ from contracts.yaml_config import ConfigError, StrictModel, load_yaml_model
 from research.models import HeadSpec, InputSpec, ModelConfig, PythonModelConfig
 from research.models.registry import build_model
 from research.models.specs import ModelInterfaceError
-from tests.research.models.checks import predict
+from tests.support.keras_checks import predict
 
 INPUTS = {"measurements": InputSpec(shape=(4,))}
 HEADS = {"species": HeadSpec(kind="classification", num_classes=3)}
-REPOSITORY = Path(__file__).resolve().parents[3]
 
 MODEL_CODE = """
 import tf_keras as keras
@@ -221,7 +220,9 @@ def test_file_named_like_an_imported_module_must_be_renamed(experiment_dir: Path
     assert message.endswith("already has that name: rename the file")
 
 
-def test_script_naming_itself_builds_with_its_own_classes(tmp_path: Path) -> None:
+def test_script_naming_itself_builds_with_its_own_classes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A script run as ``__main__`` whose experiment points at the script file gets the
     classes it defined, not a second copy of the file imported under another name."""
     script = tmp_path / "train_mine.py"
@@ -254,14 +255,5 @@ def test_script_naming_itself_builds_with_its_own_classes(tmp_path: Path) -> Non
             """
         )
     )
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPOSITORY,
-        env={"PYTHONPATH": str(REPOSITORY), "TF_CPP_MIN_LOG_LEVEL": "3", "PATH": ""},
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip() == "same classes"
+    runpy.run_path(str(script), run_name="__main__")  # as ``python train_mine.py`` runs it
+    assert capsys.readouterr().out.strip() == "same classes"

@@ -14,7 +14,7 @@ from research.models.configs import without_recompute
 from research.models.recompute import Recomputed, has_recomputation
 from research.models.registry import build_model
 from research.models.weights import copy_weights
-from tests.research.models.checks import assert_config_round_trip
+from tests.support.keras_checks import assert_config_round_trip
 
 VOCAB = 40
 LENGTH = 24
