@@ -3,31 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from compression import cli as compression_cli
 from contracts.model_manifest import MANIFEST_FILE, verify_model_dir
 from slipway.cli import main
-from tests.compression.models import SourceModel, publish_source
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.compression_models import SourceModel
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> SourceModel:
-    return publish_source("mlp", tmp_path_factory.mktemp("mlp"))
-
-
-def compress_args(source: SourceModel, tmp_path: Path, *extra: str) -> list[str]:
+def compress_args(mlp_source: SourceModel, tmp_path: Path, *extra: str) -> list[str]:
     return [
         "compress",
-        str(source.version_dir),
+        str(mlp_source.version_dir),
         "--data",
-        str(source.dataset_dir),
+        str(mlp_source.dataset_dir),
         "--out",
         str(tmp_path / "repo"),
         "--report-dir",
@@ -39,11 +31,11 @@ def compress_args(source: SourceModel, tmp_path: Path, *extra: str) -> list[str]
 
 
 def test_two_methods_are_reported_and_the_integer_one_published(
-    source: SourceModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    mlp_source: SourceModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = main(
         compress_args(
-            source,
+            mlp_source,
             tmp_path,
             "--method",
             "prune,int8",
@@ -81,9 +73,9 @@ def test_two_methods_are_reported_and_the_integer_one_published(
 
 
 def test_unknown_method_is_a_usage_error_and_publishes_nothing(
-    source: SourceModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    mlp_source: SourceModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(compress_args(source, tmp_path, "--method", "int8,binarize", "--publish"))
+    code = main(compress_args(mlp_source, tmp_path, "--method", "int8,binarize", "--publish"))
     err = capsys.readouterr().err
     assert code == 2
     assert "unsupported compression method 'binarize'" in err
@@ -91,37 +83,37 @@ def test_unknown_method_is_a_usage_error_and_publishes_nothing(
 
 
 def test_publishing_a_method_that_was_not_run_is_refused_up_front(
-    source: SourceModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    mlp_source: SourceModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(compress_args(source, tmp_path, "--method", "int8", "--publish", "prune"))
+    code = main(compress_args(mlp_source, tmp_path, "--method", "int8", "--publish", "prune"))
     assert code == 2
     assert "--publish prune: that method is not among those run" in capsys.readouterr().err
     assert not (tmp_path / "repo").exists()
 
 
 def test_a_missing_dataset_is_a_usage_error(
-    source: SourceModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    mlp_source: SourceModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = compress_args(source, tmp_path, "--method", "int8")
+    args = compress_args(mlp_source, tmp_path, "--method", "int8")
     args[args.index("--data") + 1] = str(tmp_path / "nowhere")
     assert main(args) == 2
     assert "nowhere" in capsys.readouterr().err
 
 
-def test_piped_output_has_the_full_table(source: SourceModel, tmp_path: Path) -> None:
+def test_piped_output_has_the_full_table(
+    mlp_source: SourceModel,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A log or CI artifact gets every column whole, not rich's 80-column default."""
-    command = "import sys; from slipway.cli import main; sys.exit(main(sys.argv[1:]))"
-    args = compress_args(source, tmp_path, "--method", "int8")
-    done = subprocess.run(
-        [sys.executable, "-c", command, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "80"},
-        check=False,
-        text=True,
-    )
-    assert done.returncode == 0
-    lines = done.stdout.splitlines()
+    # Captured output is not a terminal, as a pipe is not; the console is made afresh the
+    # way the command makes it, in an environment that names an 80-column width.
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(compression_cli, "console", Console(log_path=False))
+    capsys.readouterr()
+    assert main(compress_args(mlp_source, tmp_path, "--method", "int8")) == 0
+    lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if "method" in line and "artifact" in line)
     for column in ("max abs diff", "gz ratio", "speed-up", "throughput (ex/s)"):
         assert column in header

@@ -11,14 +11,9 @@ import yaml
 from compression.errors import CompressionError
 from compression.evaluate import EvalSettings
 from compression.pipeline import CompressOptions, MethodOptions, compress
-from tests.compression.models import SourceModel, publish_source
+from tests.support.compression_models import SourceModel
 
 FAST = EvalSettings(latency_runs=20, warmup_runs=2, throughput_seconds=0.0)
-
-
-@pytest.fixture(scope="module")
-def teacher(tmp_path_factory: pytest.TempPathFactory) -> SourceModel:
-    return publish_source("mlp", tmp_path_factory.mktemp("teacher"))
 
 
 def student_file(directory: Path) -> Path:
@@ -34,7 +29,7 @@ def student_file(directory: Path) -> Path:
 
 
 def test_a_distilled_int8_student_is_a_row_of_the_report(
-    teacher: SourceModel, tmp_path: Path
+    mlp_source: SourceModel, tmp_path: Path
 ) -> None:
     options = CompressOptions(
         methods=["distill"],
@@ -42,7 +37,7 @@ def test_a_distilled_int8_student_is_a_row_of_the_report(
         settings=FAST,
         method_options=MethodOptions(student=student_file(tmp_path), then="int8"),
     )
-    run = compress(teacher.version_dir, teacher.dataset_dir, options, tmp_path / "report")
+    run = compress(mlp_source.version_dir, mlp_source.dataset_dir, options, tmp_path / "report")
     report = json.loads(run.files.json.read_text())
     rows = {row["method"]: row for row in report["results"][1:]}
     assert set(rows) == {"float32", "distill+int8"}

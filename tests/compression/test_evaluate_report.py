@@ -44,20 +44,15 @@ from contracts.model_manifest import MANIFEST_FILE, verify_model_dir, write_mode
 from contracts.model_repository import publish_version
 from research.data.input_pipeline import make_dataset
 from serving.backends import open_backend
-from tests.compression.models import SourceModel, publish_source
+from tests.support.compression_models import SourceModel
 from training.export import save_serving_model
 
 FAST = EvalSettings(latency_runs=30, warmup_runs=3, throughput_seconds=0.0)
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> SourceModel:
-    return publish_source("mlp", tmp_path_factory.mktemp("mlp"))
-
-
-@pytest.fixture(scope="module")
-def baseline(source: SourceModel):
-    return evaluate_saved_model(source.version_dir, source.dataset_dir, settings=FAST)
+def baseline(mlp_source: SourceModel):
+    return evaluate_saved_model(mlp_source.version_dir, mlp_source.dataset_dir, settings=FAST)
 
 
 def options(tmp_path: Path, methods: list[str], **overrides) -> CompressOptions:
@@ -77,14 +72,16 @@ def versions(repository: Path) -> list[Path]:
 # -- evaluation -------------------------------------------------------------------------
 
 
-def test_accuracy_equals_a_direct_computation(source: SourceModel, baseline) -> None:
-    model = keras.models.load_model(source.version_dir, compile=False)
+def test_accuracy_equals_a_direct_computation(mlp_source: SourceModel, baseline) -> None:
+    model = keras.models.load_model(mlp_source.version_dir, compile=False)
     hits, count = 0, 0
-    for features, labels in make_dataset(source.dataset_dir, "test", batch_size=50, shuffle=False):
+    for features, labels in make_dataset(
+        mlp_source.dataset_dir, "test", batch_size=50, shuffle=False
+    ):
         predicted = np.argmax(model(features, training=False)["label"].numpy(), axis=-1)
         hits += int(np.sum(predicted == labels.numpy()))
         count += len(predicted)
-    assert count == load_manifest(source.dataset_dir).splits["test"].num_records
+    assert count == load_manifest(mlp_source.dataset_dir).splits["test"].num_records
     assert baseline.examples == count
     assert baseline.accuracy == {"label": pytest.approx(hits / count, abs=1e-12)}
     assert baseline.agreement is None and baseline.max_abs_diff is None
@@ -92,11 +89,11 @@ def test_accuracy_equals_a_direct_computation(source: SourceModel, baseline) -> 
     assert baseline.throughput > 0
 
 
-def test_float_tflite_agrees_with_the_saved_model(source: SourceModel, baseline) -> None:
-    model = load_version(source.version_dir).model
+def test_float_tflite_agrees_with_the_saved_model(mlp_source: SourceModel, baseline) -> None:
+    model = load_version(mlp_source.version_dir).model
     tflite = ptq.float32(model).tflite
     evaluation = evaluate_tflite(
-        tflite, source.dataset_dir, reference_outputs=baseline.outputs, settings=FAST
+        tflite, mlp_source.dataset_dir, reference_outputs=baseline.outputs, settings=FAST
     )
     assert evaluation.agreement == {"label": 1.0}
     assert evaluation.max_abs_diff < 1e-4
@@ -104,29 +101,33 @@ def test_float_tflite_agrees_with_the_saved_model(source: SourceModel, baseline)
     np.testing.assert_allclose(evaluation.outputs["label"], baseline.outputs["label"], atol=1e-4)
 
 
-def test_sizes_are_the_files_sizes_and_gzip_is_smaller(source: SourceModel, baseline) -> None:
-    model = load_version(source.version_dir).model
+def test_sizes_are_the_files_sizes_and_gzip_is_smaller(mlp_source: SourceModel, baseline) -> None:
+    model = load_version(mlp_source.version_dir).model
     tflite = ptq.float32(model).tflite
-    evaluation = evaluate_tflite(tflite, source.dataset_dir, settings=FAST)
+    evaluation = evaluate_tflite(tflite, mlp_source.dataset_dir, settings=FAST)
     assert evaluation.size_bytes == len(tflite)
     assert evaluation.gzip_bytes == len(gzip.compress(tflite, compresslevel=9))
     assert evaluation.gzip_bytes < evaluation.size_bytes
-    files = [p for p in source.version_dir.rglob("*") if p.is_file() and p.name != MANIFEST_FILE]
+    files = [
+        p for p in mlp_source.version_dir.rglob("*") if p.is_file() and p.name != MANIFEST_FILE
+    ]
     assert baseline.size_bytes == sum(p.stat().st_size for p in files)
-    assert baseline.gzip_bytes == directory_gzip_size(source.version_dir)
+    assert baseline.gzip_bytes == directory_gzip_size(mlp_source.version_dir)
     assert baseline.gzip_bytes < baseline.size_bytes
 
 
 def test_int8_io_inputs_are_quantized_with_the_tensor_parameters(
-    source: SourceModel, baseline
+    mlp_source: SourceModel, baseline
 ) -> None:
-    runner = MethodRunner(load_version(source.version_dir), source.dataset_dir, MethodOptions())
+    runner = MethodRunner(
+        load_version(mlp_source.version_dir), mlp_source.dataset_dir, MethodOptions()
+    )
     tflite = runner.run("int8_io").tflite
     signature = TFLiteRunner(tflite).signature()
     assert signature["inputs"]["pixels"]["dtype"] == "int8"
     assert signature["inputs"]["pixels"]["quantization"]["scale"] > 0
     evaluation = evaluate_tflite(
-        tflite, source.dataset_dir, reference_outputs=baseline.outputs, settings=FAST
+        tflite, mlp_source.dataset_dir, reference_outputs=baseline.outputs, settings=FAST
     )
     # Dequantized outputs are probabilities on the float model's scale.
     assert evaluation.max_abs_diff < 0.2
@@ -137,9 +138,12 @@ def test_int8_io_inputs_are_quantized_with_the_tensor_parameters(
 # -- report and gate ------------------------------------------------------------------
 
 
-def test_report_is_written_with_the_baseline_first(source: SourceModel, tmp_path: Path) -> None:
+def test_report_is_written_with_the_baseline_first(mlp_source: SourceModel, tmp_path: Path) -> None:
     run = compress(
-        source.version_dir, source.dataset_dir, options(tmp_path, ["int8"]), tmp_path / "report"
+        mlp_source.version_dir,
+        mlp_source.dataset_dir,
+        options(tmp_path, ["int8"]),
+        tmp_path / "report",
     )
     report = json.loads(run.files.json.read_text())
     methods = [(r["method"], r["artifact"], r["status"]) for r in report["results"]]
@@ -182,7 +186,7 @@ def test_gate_marks_a_drop_beyond_the_limit_failed(baseline) -> None:
 
 
 def test_a_failing_result_is_marked_and_never_published(
-    source: SourceModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mlp_source: SourceModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An int8 model of untrained weights: a real, measured result far below the gate."""
     original = MethodRunner.run
@@ -195,8 +199,8 @@ def test_a_failing_result_is_marked_and_never_published(
 
     monkeypatch.setattr(MethodRunner, "run", untrained)
     run = compress(
-        source.version_dir,
-        source.dataset_dir,
+        mlp_source.version_dir,
+        mlp_source.dataset_dir,
         options(tmp_path, ["int8"], publish="int8"),
         tmp_path / "report",
     )
@@ -216,11 +220,11 @@ def test_a_failing_result_is_marked_and_never_published(
 
 
 def test_published_version_loads_and_predicts_like_the_result(
-    source: SourceModel, tmp_path: Path
+    mlp_source: SourceModel, tmp_path: Path
 ) -> None:
     run = compress(
-        source.version_dir,
-        source.dataset_dir,
+        mlp_source.version_dir,
+        mlp_source.dataset_dir,
         options(tmp_path, ["prune"], publish="prune", max_accuracy_drop=5.0),
         tmp_path / "report",
     )
@@ -233,7 +237,9 @@ def test_published_version_loads_and_predicts_like_the_result(
     expected = result.keras_model(features, training=False)["label"].numpy()
 
     # served from raw pixels, which the version standardizes in its graph as training did
-    (raw, _), *_ = make_dataset(source.dataset_dir, "test", batch_size=16, shuffle=False, raw=True)
+    (raw, _), *_ = make_dataset(
+        mlp_source.dataset_dir, "test", batch_size=16, shuffle=False, raw=True
+    )
     serving = tf.saved_model.load(str(path)).signatures["serving_default"]
     answer = serving(pixels=raw["pixels"])
     np.testing.assert_allclose(answer["label"].numpy(), expected, atol=1e-5)
@@ -261,10 +267,12 @@ def test_published_version_loads_and_predicts_like_the_result(
     assert load_version(path).signature["inputs"]["pixels"]["shape"] == [-1, 64]
 
 
-def test_integer_only_result_is_published_as_tflite(source: SourceModel, tmp_path: Path) -> None:
+def test_integer_only_result_is_published_as_tflite(
+    mlp_source: SourceModel, tmp_path: Path
+) -> None:
     run = compress(
-        source.version_dir,
-        source.dataset_dir,
+        mlp_source.version_dir,
+        mlp_source.dataset_dir,
         options(tmp_path, ["int8"], publish="auto", max_accuracy_drop=5.0),
         tmp_path / "report",
     )
@@ -277,7 +285,9 @@ def test_integer_only_result_is_published_as_tflite(source: SourceModel, tmp_pat
     assert manifest["signature"]["inputs"]["pixels"]["dtype"] == "float32"
     assert verify_model_dir(path) == []
     # the gateway's backend takes raw pixels through the preprocessing beside the core
-    (raw, _), *_ = make_dataset(source.dataset_dir, "test", batch_size=16, shuffle=False, raw=True)
+    (raw, _), *_ = make_dataset(
+        mlp_source.dataset_dir, "test", batch_size=16, shuffle=False, raw=True
+    )
     backend = open_backend(path)
     try:
         answer = backend.run("serving_default", {"pixels": raw["pixels"].numpy()})["label"]
@@ -296,21 +306,21 @@ def test_unsupported_method_is_named_before_anything_runs(tmp_path: Path) -> Non
         options(tmp_path, ["int8", "int4"])
 
 
-def test_model_without_serving_default_is_refused(source: SourceModel, tmp_path: Path) -> None:
-    model = load_version(source.version_dir).model
+def test_model_without_serving_default_is_refused(mlp_source: SourceModel, tmp_path: Path) -> None:
+    model = load_version(mlp_source.version_dir).model
     plain = tmp_path / "plain" / "1"
     function = tf.function(lambda pixels: model(pixels), input_signature=[
         tf.TensorSpec([None, 64], tf.float32, name="pixels")])  # fmt: skip
     tf.saved_model.save(model, str(plain), signatures={"predict": function})
     with pytest.raises(CompressionError, match="no 'serving_default' signature"):
-        compress(plain, source.dataset_dir, options(tmp_path, ["int8"], publish="auto"),
+        compress(plain, mlp_source.dataset_dir, options(tmp_path, ["int8"], publish="auto"),
                  tmp_path / "report")  # fmt: skip
     assert versions(tmp_path / "repo") == []
 
 
-def _edited_dataset(source: SourceModel, tmp_path: Path, edit) -> Path:  # noqa: ANN001
+def _edited_dataset(mlp_source: SourceModel, tmp_path: Path, edit) -> Path:  # noqa: ANN001
     copy = tmp_path / "dataset"
-    shutil.copytree(source.dataset_dir, copy)
+    shutil.copytree(mlp_source.dataset_dir, copy)
     manifest = json.loads((copy / "manifest.json").read_text())
     edit(manifest["features"])
     (copy / "manifest.json").write_text(json.dumps(manifest))
@@ -326,21 +336,21 @@ def _edited_dataset(source: SourceModel, tmp_path: Path, edit) -> Path:  # noqa:
     ids=["input-name", "shape"],
 )
 def test_dataset_that_does_not_match_the_model_is_refused(
-    source: SourceModel,
+    mlp_source: SourceModel,
     tmp_path: Path,
     edit,
     message: str,  # noqa: ANN001
 ) -> None:
-    dataset = _edited_dataset(source, tmp_path, edit)
+    dataset = _edited_dataset(mlp_source, tmp_path, edit)
     with pytest.raises(CompressionError, match=message):
-        compress(source.version_dir, dataset, options(tmp_path, ["int8"], publish="auto"),
+        compress(mlp_source.version_dir, dataset, options(tmp_path, ["int8"], publish="auto"),
                  tmp_path / "report")  # fmt: skip
     assert versions(tmp_path / "repo") == []
     assert not (tmp_path / "report").exists()
 
 
 def test_dataset_dtype_that_does_not_match_the_model_is_refused(
-    source: SourceModel, tmp_path: Path
+    mlp_source: SourceModel, tmp_path: Path
 ) -> None:
     """A model taking integer ids under the dataset's float feature name."""
     ids = keras.Input((64,), dtype="int64", name="pixels")
@@ -357,6 +367,6 @@ def test_dataset_dtype_that_does_not_match_the_model_is_refused(
     with pytest.raises(
         CompressionError, match="'pixels': the model takes int64 but the dataset holds float32"
     ):
-        compress(version_dir, source.dataset_dir, options(tmp_path, ["int8"], publish="auto"),
+        compress(version_dir, mlp_source.dataset_dir, options(tmp_path, ["int8"], publish="auto"),
                  tmp_path / "report")  # fmt: skip
     assert versions(tmp_path / "repo") == []

@@ -32,7 +32,7 @@ from compression.finetune import (
 from compression.loading import LoadedModel, load_version, named_inputs
 from compression.result import CompressedModel
 from research.data.input_pipeline import make_dataset
-from tests.compression.models import SourceModel, publish_source
+from tests.support.compression_models import SourceModel, published_source
 from training.export import save_serving_model
 
 FAMILIES = ("mlp", "cnn", "transformer")
@@ -94,11 +94,9 @@ def _first_batch(dataset_dir: Path, model: keras.Model) -> tuple[dict[str, np.nd
 
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Zoo]:
-    """Each family built, trained and published once for the whole module."""
+    """Each family trained and published once for the whole run."""
     keras.backend.clear_session()
-    return {
-        family: Zoo(publish_source(family, tmp_path_factory.mktemp(family))) for family in FAMILIES
-    }
+    return {family: Zoo(published_source(tmp_path_factory, family)) for family in FAMILIES}
 
 
 def run_tflite(flatbuffer: bytes, features: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from tests.support.clocks import FakeClock
 from training import checkpoints
 from training.checkpoints import (
     CheckpointError,
@@ -24,14 +25,6 @@ from training.checkpoints import (
     committed_steps,
     latest_committed_step,
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Training:

@@ -10,9 +10,8 @@ import pytest
 
 from research.experiments import load_experiment
 from research.experiments.task import ExperimentTask
-from tests.training.experiments import (
+from tests.support.experiments import (
     SignalDuringUpdate,
-    build_digits_dataset,
     make_trainer,
     run,
     write_experiment,
@@ -23,18 +22,15 @@ from training.errors import TrainingSetupError
 from training.run import train
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return build_digits_dataset(tmp_path_factory.mktemp("digits"))
-
-
 def records(run_dir, kind):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     return [row for row in rows if row["kind"] == kind]
 
 
-def test_trains_logs_and_evaluates(tmp_path, dataset):
-    path = write_experiment(tmp_path, dataset, training__steps=60, training__steps_per_execution=4)
+def test_trains_logs_and_evaluates(tmp_path, digits_dataset):
+    path = write_experiment(
+        tmp_path, digits_dataset, training__steps=60, training__steps_per_execution=4
+    )
     outcome = run(make_trainer(path))
 
     assert outcome.exit_code == 0
@@ -50,8 +46,10 @@ def test_trains_logs_and_evaluates(tmp_path, dataset):
     assert committed_steps(tmp_path / "run" / "checkpoints")[0] == 60
 
 
-def test_executions_stop_at_evaluation_points(tmp_path, dataset):
-    path = write_experiment(tmp_path, dataset, training__steps=12, training__steps_per_execution=5)
+def test_executions_stop_at_evaluation_points(tmp_path, digits_dataset):
+    path = write_experiment(
+        tmp_path, digits_dataset, training__steps=12, training__steps_per_execution=5
+    )
     reported = []
     trainer = make_trainer(path)
     with Controller(trainer, eval_every_steps=4, progress=False) as controller:
@@ -70,14 +68,16 @@ def test_executions_stop_at_evaluation_points(tmp_path, dataset):
         assert results["label_accuracy"] == validation_row["label_accuracy"]
 
 
-def test_a_run_started_from_another_runs_checkpoint_continues_it_exactly(tmp_path, dataset):
+def test_a_run_started_from_another_runs_checkpoint_continues_it_exactly(tmp_path, digits_dataset):
     settings = dict(training__steps=20, checkpoint__every_steps=100, model__dropout=0.2)
-    straight = run(make_trainer(write_experiment(tmp_path / "straight", dataset, **settings)))
+    straight = run(
+        make_trainer(write_experiment(tmp_path / "straight", digits_dataset, **settings))
+    )
 
-    first = write_experiment(tmp_path / "first", dataset, **settings)
+    first = write_experiment(tmp_path / "first", digits_dataset, **settings)
     assert run(make_trainer(first), until_step=8).step == 8
     assert committed_steps(tmp_path / "first" / "run" / "checkpoints") == [8]
-    second = make_trainer(write_experiment(tmp_path / "second", dataset, **settings))
+    second = make_trainer(write_experiment(tmp_path / "second", digits_dataset, **settings))
     start = tmp_path / "first" / "run" / "checkpoints"
     with Controller(second, eval_every_steps=None, progress=False, initialize_from=start) as c:
         continued = c.train()
@@ -88,9 +88,9 @@ def test_a_run_started_from_another_runs_checkpoint_continues_it_exactly(tmp_pat
     assert f"started from {start} at step 8" in events
 
 
-def test_setup_errors_come_before_any_step(tmp_path, dataset):
+def test_setup_errors_come_before_any_step(tmp_path, digits_dataset):
     indivisible = write_experiment(
-        tmp_path / "b", dataset, data__batch_size=30, training__gradient_accumulation=4
+        tmp_path / "b", digits_dataset, data__batch_size=30, training__gradient_accumulation=4
     )
     with pytest.raises(TrainingSetupError, match="not divisible"):
         train(ExperimentTask(load_experiment(indivisible)), export=False)
@@ -98,15 +98,17 @@ def test_setup_errors_come_before_any_step(tmp_path, dataset):
     blocker = tmp_path / "c" / "blocker"
     blocker.parent.mkdir(parents=True)
     blocker.write_text("a file where a directory should be")
-    unwritable = write_experiment(tmp_path / "c", dataset, checkpoint__directory=str(blocker / "x"))
+    unwritable = write_experiment(
+        tmp_path / "c", digits_dataset, checkpoint__directory=str(blocker / "x")
+    )
     with pytest.raises(TrainingSetupError, match="checkpoint.directory: cannot write"):
         train(ExperimentTask(load_experiment(unwritable)), export=False)
     assert blocker.read_text() == "a file where a directory should be"
     assert not (tmp_path / "b" / "run").exists()
 
 
-def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, dataset):
-    path = write_experiment(tmp_path, dataset, training__steps=20)
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, digits_dataset):
+    path = write_experiment(tmp_path, digits_dataset, training__steps=20)
     run(make_trainer(path))
     checkpoints = tmp_path / "run" / "checkpoints"
     assert committed_steps(checkpoints)[:2] == [20, 15]
@@ -115,7 +117,7 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, data
     raw[len(raw) // 2] ^= 0xFF
     data.write_bytes(bytes(raw))
 
-    longer = write_experiment(tmp_path, dataset, training__steps=25)
+    longer = write_experiment(tmp_path, digits_dataset, training__steps=25)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         outcome = run(make_trainer(longer))
@@ -125,7 +127,7 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, data
     assert "resumed from checkpoint at step 15" in events
 
 
-def test_non_finite_losses_are_skipped_then_recovered(tmp_path, dataset, monkeypatch):
+def test_non_finite_losses_are_skipped_then_recovered(tmp_path, digits_dataset, monkeypatch):
     import tensorflow as tf
 
     original = ExperimentTask.build_inputs
@@ -144,7 +146,7 @@ def test_non_finite_losses_are_skipped_then_recovered(tmp_path, dataset, monkeyp
     monkeypatch.setattr(ExperimentTask, "build_inputs", poisoned)
     path = write_experiment(
         tmp_path,
-        dataset,
+        digits_dataset,
         training__steps=30,
         training__nonfinite={"max_consecutive": 2, "learning_rate_factor": 0.5},
     )
@@ -163,12 +165,14 @@ def test_non_finite_losses_are_skipped_then_recovered(tmp_path, dataset, monkeyp
 
 
 def test_a_truncated_checkpoint_falls_back_to_a_step_with_weights_and_input_position(
-    tmp_path, dataset
+    tmp_path, digits_dataset
 ):
     settings = dict(training__steps=20, model__dropout=0.2)
-    straight = run(make_trainer(write_experiment(tmp_path / "straight", dataset, **settings)))
+    straight = run(
+        make_trainer(write_experiment(tmp_path / "straight", digits_dataset, **settings))
+    )
 
-    path = write_experiment(tmp_path / "cut", dataset, **settings)
+    path = write_experiment(tmp_path / "cut", digits_dataset, **settings)
     assert run(make_trainer(path), until_step=12).step == 12
     checkpoints = tmp_path / "cut" / "run" / "checkpoints"
     assert committed_steps(checkpoints)[:2] == [12, 10]
@@ -186,7 +190,7 @@ def test_a_truncated_checkpoint_falls_back_to_a_step_with_weights_and_input_posi
 
 
 def test_evaluation_points_are_reported_alike_however_often_the_run_is_preempted(
-    tmp_path, dataset, monkeypatch
+    tmp_path, digits_dataset, monkeypatch
 ):
     """Preempted at an evaluation point (before evaluating there) and again mid-way to
     the next, the run still reports every point once more on resume, with the same mean
@@ -196,7 +200,7 @@ def test_evaluation_points_are_reported_alike_however_often_the_run_is_preempted
     settings = dict(training__steps=12, training__steps_per_execution=1)
 
     def train(directory, stop_at=None):
-        trainer = make_trainer(write_experiment(directory, dataset, **settings))
+        trainer = make_trainer(write_experiment(directory, digits_dataset, **settings))
         if stop_at is not None:
             flag = SignalDuringUpdate(trainer, stop_at)
             monkeypatch.setattr(training.controller, "PreemptionFlag", lambda: flag)

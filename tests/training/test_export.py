@@ -232,18 +232,25 @@ def test_file_checksums_cover_nested_files(tmp_path: Path) -> None:
     }
 
 
+def git(repo: Path, *args: str) -> str:
+    """``git ARGS`` in ``repo`` as a committer with a name; its output."""
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
 def test_git_commit_inside_and_outside_a_repository(tmp_path: Path) -> None:
     assert git_commit(tmp_path) is None
     assert git_commit(tmp_path / "missing" / "file.txt") is None
     repo = tmp_path / "repo"
     repo.mkdir()
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    subprocess.run([*git, "init", "-q"], check=True)
+    git(repo, "init", "-q")
     assert git_commit(repo) is None  # no commit yet
     (repo / "a.txt").write_text("a")
-    subprocess.run([*git, "add", "a.txt"], check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "a"], check=True)
-    head = subprocess.run(
-        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
-    ).stdout.strip()
+    git(repo, "add", "a.txt")
+    git(repo, "commit", "-q", "-m", "a")
+    head = git(repo, "rev-parse", "HEAD")
     assert git_commit(repo / "a.txt") == head

@@ -12,7 +12,7 @@ from research.experiments import load_experiment
 from research.experiments.config import MeshShape
 from research.experiments.task import ExperimentTask
 from research.models.placement import pipeline_stages
-from tests.training.experiments import build_corpus_dataset, write_experiment
+from tests.support.experiments import write_experiment
 from training.distribution import WorkerRole
 from training.errors import TrainingSetupError
 from training.mesh import local_mesh
@@ -20,12 +20,7 @@ from training.mesh_trainer import check_mesh_setup
 from training.trainer import Trainer
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_corpus_dataset(tmp_path_factory.mktemp("corpus"), 200, seed=3)
-
-
-def task(tmp_path: Path, corpus: Path, mesh: dict | None, **overrides) -> ExperimentTask:
+def task(tmp_path: Path, corpus_dataset: Path, mesh: dict | None, **overrides) -> ExperimentTask:
     settings = {
         "data__features": ["text"],
         "data__sequence_length": 16,
@@ -35,7 +30,7 @@ def task(tmp_path: Path, corpus: Path, mesh: dict | None, **overrides) -> Experi
         "distribution": {"mesh": mesh} if mesh is not None else {},
         **overrides,
     }
-    return ExperimentTask(load_experiment(write_experiment(tmp_path, corpus, **settings)))
+    return ExperimentTask(load_experiment(write_experiment(tmp_path, corpus_dataset, **settings)))
 
 
 @pytest.mark.parametrize(
@@ -77,9 +72,9 @@ def task(tmp_path: Path, corpus: Path, mesh: dict | None, **overrides) -> Experi
     ids=["heads", "batch", "experts", "workers", "accumulation", "float16", "bfloat16", "xla"],
 )
 def test_what_a_mesh_cannot_do_is_a_setup_error_naming_the_key(
-    tmp_path: Path, corpus: Path, mesh, overrides, workers, precision, message
+    tmp_path: Path, corpus_dataset: Path, mesh, overrides, workers, precision, message
 ) -> None:
-    experiment = task(tmp_path, corpus, mesh, **overrides)
+    experiment = task(tmp_path, corpus_dataset, mesh, **overrides)
     with pytest.raises(TrainingSetupError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_mesh_setup(experiment, WorkerRole(0, workers), precision)
 
@@ -97,25 +92,27 @@ def test_a_mesh_larger_than_the_devices_of_a_started_runtime_is_a_setup_error() 
         local_mesh(wanted)
 
 
-def test_the_mesh_is_not_part_of_what_a_run_was_trained_by(tmp_path: Path, corpus: Path) -> None:
+def test_the_mesh_is_not_part_of_what_a_run_was_trained_by(
+    tmp_path: Path, corpus_dataset: Path
+) -> None:
     """A run may resume on another mesh: its config hash leaves the distribution out."""
-    on_mesh = task(tmp_path / "a", corpus, {"batch": 2, "model": 2}).config
-    elsewhere = task(tmp_path / "b", corpus, {"model": 4}).config
+    on_mesh = task(tmp_path / "a", corpus_dataset, {"batch": 2, "model": 2}).config
+    elsewhere = task(tmp_path / "b", corpus_dataset, {"model": 4}).config
     assert on_mesh.config_hash() == elsewhere.config_hash()
-    wider = task(tmp_path / "c", corpus, {"model": 4}, data__batch_size=16).config
+    wider = task(tmp_path / "c", corpus_dataset, {"model": 4}, data__batch_size=16).config
     assert wider.config_hash() != elsewhere.config_hash()
 
 
-def test_mesh_and_pipeline_are_one_or_the_other(tmp_path: Path, corpus: Path) -> None:
+def test_mesh_and_pipeline_are_one_or_the_other(tmp_path: Path, corpus_dataset: Path) -> None:
     with pytest.raises(ConfigError, match="give mesh or pipeline, not both"):
-        task(tmp_path, corpus, {"model": 2}, distribution__pipeline={"stages": 2})
+        task(tmp_path, corpus_dataset, {"model": 2}, distribution__pipeline={"stages": 2})
 
 
 def test_a_pipeline_refuses_to_compile_its_stages_for_one_device(
-    tmp_path: Path, corpus: Path
+    tmp_path: Path, corpus_dataset: Path
 ) -> None:
     experiment = task(
-        tmp_path, corpus, None, training__jit_compile=True, training__precision="float32"
+        tmp_path, corpus_dataset, None, training__jit_compile=True, training__precision="float32"
     )
     with (
         pipeline_stages(["/device:CPU:0", "/device:CPU:0"]),

@@ -10,9 +10,8 @@ import tensorflow as tf
 import tf_keras as keras
 
 from research.experiments.task import ExperimentTask
-from tests.training.experiments import (
+from tests.support.experiments import (
     SignalDuringUpdate,
-    build_digits_dataset,
     make_trainer,
     run,
     write_experiment,
@@ -23,11 +22,6 @@ from training.export import NonFiniteWeightsError, save_serving_model
 # Pixels times this give a finite loss and finite gradients whose global norm overflows
 # float32: the case the loss-scale optimizer alone lets through.
 HUGE = 1e36
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return build_digits_dataset(tmp_path_factory.mktemp("digits"))
 
 
 def events(run_dir):
@@ -58,12 +52,12 @@ def all_finite(trainer):
 
 
 def test_an_overflowing_gradient_norm_skips_the_update_and_commits_nothing_in_the_streak(
-    tmp_path, dataset, monkeypatch
+    tmp_path, digits_dataset, monkeypatch
 ):
     scale_training_batches(monkeypatch, (6, 7), HUGE)  # the updates to steps 7 and 8
     path = write_experiment(
         tmp_path,
-        dataset,
+        digits_dataset,
         training__steps=12,
         training__optimizer={"learning_rate": 0.01, "clip_global_norm": 1.0},
         checkpoint__every_steps=1,
@@ -85,10 +79,12 @@ def test_an_overflowing_gradient_norm_skips_the_update_and_commits_nothing_in_th
         assert all_finite(fresh), f"checkpoint {step} holds non-finite values"
 
 
-def test_non_finite_optimizer_state_is_never_committed_and_the_run_goes_back(tmp_path, dataset):
+def test_non_finite_optimizer_state_is_never_committed_and_the_run_goes_back(
+    tmp_path, digits_dataset
+):
     path = write_experiment(
         tmp_path,
-        dataset,
+        digits_dataset,
         training__steps=10,
         training__eval_every_steps=5,
         checkpoint__every_steps=1,
@@ -125,14 +121,14 @@ def test_weights_that_are_not_finite_are_not_exported(tmp_path):
 
 
 def test_a_preemption_inside_a_run_of_skipped_updates_commits_nothing(
-    tmp_path, dataset, monkeypatch
+    tmp_path, digits_dataset, monkeypatch
 ):
     import training.controller
     from training.preemption import EXIT_PREEMPTED
 
     scale_training_batches(monkeypatch, (6, 7), HUGE)  # the updates to steps 7 and 8
     path = write_experiment(
-        tmp_path, dataset, training__steps=12, checkpoint__every_steps=1, checkpoint__keep=20
+        tmp_path, digits_dataset, training__steps=12, checkpoint__every_steps=1, checkpoint__keep=20
     )
     trainer = make_trainer(path)
 

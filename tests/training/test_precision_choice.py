@@ -111,13 +111,6 @@ def test_an_unreadable_cache_means_probing_again(tmp_path):
     assert len(probe.measured) == 2
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    from tests.training.experiments import build_digits_dataset
-
-    return build_digits_dataset(tmp_path_factory.mktemp("digits"))
-
-
 def precision_events(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     return [r["message"] for r in rows if r["kind"] == "event" and "precision" in r["message"]]
@@ -133,11 +126,11 @@ def bf16_cpu_without_amx(monkeypatch):
 
 
 def test_a_probed_run_trains_exactly_like_one_that_found_the_choice_cached(
-    tmp_path, dataset, monkeypatch
+    tmp_path, digits_dataset, monkeypatch
 ):
     from research.experiments import load_experiment
     from research.experiments.task import ExperimentTask
-    from tests.training.experiments import write_experiment
+    from tests.support.experiments import write_experiment
     from training.precision import CACHE_DIR_ENV, candidates, cpu_flags
     from training.run import train
 
@@ -147,7 +140,7 @@ def test_a_probed_run_trains_exactly_like_one_that_found_the_choice_cached(
     settings = dict(training__steps=10, training__precision="auto", training__deterministic=True)
     outcomes = []
     for name in ("probed", "cached"):
-        path = write_experiment(tmp_path / name, dataset, **settings)
+        path = write_experiment(tmp_path / name, digits_dataset, **settings)
         outcomes.append(train(ExperimentTask(load_experiment(path)), export=False, progress=False))
 
     probed, cached = outcomes
@@ -160,7 +153,7 @@ def test_a_probed_run_trains_exactly_like_one_that_found_the_choice_cached(
 
 
 def test_a_resumed_run_keeps_the_precision_it_started_with(
-    tmp_path, dataset, monkeypatch, bf16_cpu_without_amx
+    tmp_path, digits_dataset, monkeypatch, bf16_cpu_without_amx
 ):
     """The cache is gone and a new probe would choose float32: the run still resumes in
     the precision it started with, and ends as an uninterrupted run in it would."""
@@ -169,7 +162,7 @@ def test_a_resumed_run_keeps_the_precision_it_started_with(
     import training.precision_probe
     from research.experiments import load_experiment
     from research.experiments.task import ExperimentTask
-    from tests.training.experiments import write_experiment
+    from tests.support.experiments import write_experiment
     from training.controller import Controller
     from training.precision import CACHE_DIR_ENV, RUN_RECORD
     from training.run import train
@@ -181,7 +174,9 @@ def test_a_resumed_run_keeps_the_precision_it_started_with(
     settings = dict(training__steps=8, training__deterministic=True, checkpoint__every_steps=4)
 
     def run(name, precision, **train_options):
-        path = write_experiment(tmp_path / name, dataset, training__precision=precision, **settings)
+        path = write_experiment(
+            tmp_path / name, digits_dataset, training__precision=precision, **settings
+        )
         task = ExperimentTask(load_experiment(path))
         with monkeypatch.context() as patched:
             if train_options:

@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import shutil
 
-import pytest
-
 from contracts.model_repository import existing_versions
 from research.experiments import load_experiment
 from research.experiments.task import ExperimentTask
-from tests.training.experiments import build_digits_dataset, write_experiment
+from tests.support.experiments import write_experiment
 from training.run import train
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return build_digits_dataset(tmp_path_factory.mktemp("digits"))
-
-
 def test_a_finished_run_points_at_its_version_and_publishes_again_only_when_asked(
-    tmp_path, dataset, capsys
+    tmp_path, digits_dataset, capsys
 ):
-    path = write_experiment(tmp_path, dataset, training__steps=10)
+    path = write_experiment(tmp_path, digits_dataset, training__steps=10)
     models = tmp_path / "models" / "mlp"
 
     first = train(ExperimentTask(load_experiment(path)), progress=False)
@@ -41,12 +34,12 @@ def test_a_finished_run_points_at_its_version_and_publishes_again_only_when_aske
     assert existing_versions(models) == [1, 2]
 
 
-def test_a_longer_run_or_a_deleted_version_is_not_complete(tmp_path, dataset):
-    path = write_experiment(tmp_path, dataset, training__steps=10)
+def test_a_longer_run_or_a_deleted_version_is_not_complete(tmp_path, digits_dataset):
+    path = write_experiment(tmp_path, digits_dataset, training__steps=10)
     models = tmp_path / "models" / "mlp"
     train(ExperimentTask(load_experiment(path)), progress=False)
 
-    longer = write_experiment(tmp_path, dataset, training__steps=15)
+    longer = write_experiment(tmp_path, digits_dataset, training__steps=15)
     outcome = train(ExperimentTask(load_experiment(longer)), progress=False)
     assert outcome.step == 15 and outcome.published == (2, models / "2")
 

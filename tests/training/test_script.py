@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from tests.training.experiments import build_digits_dataset, write_experiment
+from tests.support.experiments import write_experiment
 from training.checkpoints import latest_committed_step
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.process
 
 SCRIPT = '''\
 """Train an experiment with this script's own model, on two local workers."""
@@ -41,9 +41,8 @@ if __name__ == "__main__":
 DIGEST = re.compile(r"weights sha256 ([0-9a-f]{64})")
 
 
-def test_a_script_trains_its_own_model_on_two_workers(tmp_path):
-    dataset = build_digits_dataset(tmp_path / "digits")
-    experiment = write_experiment(tmp_path, dataset, model=None, training__steps=20)
+def test_a_script_trains_its_own_model_on_two_workers(tmp_path, digits_dataset):
+    experiment = write_experiment(tmp_path, digits_dataset, model=None, training__steps=20)
     script = tmp_path / "train_digits.py"
     script.write_text(SCRIPT)
 

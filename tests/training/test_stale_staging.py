@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 
 from contracts.model_repository import STAGING_PREFIX, publish_version
+from research.data.pipeline import build_dataset
 from research.data.publish import staging_area
-from tests.training.experiments import build_digits_dataset
+from research.data.spec import load_spec
+from tests.support.raw_data import tabular_rows, write_tabular_dataset_inputs
 
+pytestmark = pytest.mark.process  # each test starts a process owning a staging directory
 REPOSITORY = Path(__file__).resolve().parents[2]
 TIMEOUT = 60
 
@@ -93,7 +96,8 @@ def test_a_publish_removes_a_killed_publishers_staging_but_not_a_live_ones(tmp_p
 
 def test_a_dataset_build_removes_a_killed_builds_staging_but_not_a_live_ones(tmp_path, owners):
     leftover, in_use = killed_and_live(owners, tmp_path, ".dataset.building-")
-    build_digits_dataset(tmp_path)  # builds tmp_path/dataset
+    spec = write_tabular_dataset_inputs(tmp_path / "raw", "table", tabular_rows(40, seed=2))
+    build_dataset(load_spec(spec), tmp_path / "dataset")
     assert (tmp_path / "dataset" / "manifest.json").is_file()
     assert not leftover.exists()
     assert in_use.is_dir()

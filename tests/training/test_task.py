@@ -11,13 +11,8 @@ from contracts.yaml_config import ConfigError
 from research.experiments import load_experiment
 from research.experiments.task import ExperimentTask
 from research.models.specs import ModelInterfaceError
-from tests.training.experiments import build_digits_dataset, write_experiment
+from tests.support.experiments import write_experiment
 from training.run import train
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return build_digits_dataset(tmp_path_factory.mktemp("digits"))
 
 
 def sequential(inputs, heads):
@@ -30,8 +25,8 @@ def sequential(inputs, heads):
     )
 
 
-def test_a_model_fn_replaces_the_model_section_and_trains_like_the_zoo(tmp_path, dataset):
-    path = write_experiment(tmp_path, dataset, model=None, training__steps=30)
+def test_a_model_fn_replaces_the_model_section_and_trains_like_the_zoo(tmp_path, digits_dataset):
+    path = write_experiment(tmp_path, digits_dataset, model=None, training__steps=30)
     task = ExperimentTask(load_experiment(path), model_fn=sequential)
     model = task.build_model()
     assert model.input_names == ["pixels"] and model.output_names == ["label"]
@@ -48,31 +43,31 @@ def test_a_model_fn_replaces_the_model_section_and_trains_like_the_zoo(tmp_path,
     assert manifest["provenance"]["model_fn"] == f"{__name__}:sequential"
 
 
-def test_an_experiment_without_a_model_needs_a_model_fn(tmp_path, dataset):
-    path = write_experiment(tmp_path, dataset, model=None)
+def test_an_experiment_without_a_model_needs_a_model_fn(tmp_path, digits_dataset):
+    path = write_experiment(tmp_path, digits_dataset, model=None)
     with pytest.raises(ConfigError, match=rf"^{path}: model: required key is missing"):
         ExperimentTask(load_experiment(path))
 
 
-def test_a_model_that_does_not_fit_the_dataset_is_refused_before_training(tmp_path, dataset):
+def test_a_model_that_does_not_fit_the_dataset_is_refused_before_training(tmp_path, digits_dataset):
     def three_classes(inputs, heads):
         pixels = keras.Input(inputs["pixels"].shape, name="pixels")
         return keras.Model(pixels, {"label": keras.layers.Dense(3, name="label")(pixels)})
 
     task = ExperimentTask(
-        load_experiment(write_experiment(tmp_path, dataset)), model_fn=three_classes
+        load_experiment(write_experiment(tmp_path, digits_dataset)), model_fn=three_classes
     )
     with pytest.raises(ModelInterfaceError, match="label"):
         task.build_model()
 
 
-def test_experiment_and_dataset_mismatches_name_the_file_and_key(tmp_path, dataset):
-    bad_feature = write_experiment(tmp_path / "a", dataset, data__features=["pixel"])
+def test_experiment_and_dataset_mismatches_name_the_file_and_key(tmp_path, digits_dataset):
+    bad_feature = write_experiment(tmp_path / "a", digits_dataset, data__features=["pixel"])
     with pytest.raises(
         ConfigError,
         match=rf"^{bad_feature}: data.features: not input features of the dataset: \['pixel'\]",
     ):
         ExperimentTask(load_experiment(bad_feature))
-    bad_split = write_experiment(tmp_path / "b", dataset, data__eval_split="dev")
+    bad_split = write_experiment(tmp_path / "b", digits_dataset, data__eval_split="dev")
     with pytest.raises(ConfigError, match=rf"^{bad_split}: data.eval_split: .* no split 'dev'"):
         ExperimentTask(load_experiment(bad_split))

@@ -5,22 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.training.experiments import build_digits_dataset, make_trainer, run, write_experiment
+from tests.support.experiments import make_trainer, run, write_experiment
 from training.trainer import evaluation_names
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return build_digits_dataset(tmp_path_factory.mktemp("digits"))
-
-
-def test_accumulated_micro_batches_make_the_large_batch_update(tmp_path, dataset):
-    whole = make_trainer(write_experiment(tmp_path / "whole", dataset, training__steps=3))
+def test_accumulated_micro_batches_make_the_large_batch_update(tmp_path, digits_dataset):
+    whole = make_trainer(write_experiment(tmp_path / "whole", digits_dataset, training__steps=3))
     run(whole)
     accumulated = make_trainer(
         write_experiment(
             tmp_path / "accumulated",
-            dataset,
+            digits_dataset,
             training__steps=3,
             training__gradient_accumulation=4,
         )
@@ -32,9 +27,9 @@ def test_accumulated_micro_batches_make_the_large_batch_update(tmp_path, dataset
     assert not np.allclose(whole.model.get_weights()[0], 0)
 
 
-def test_an_execution_reports_the_mean_loss_of_its_updates(tmp_path, dataset):
-    trainer = make_trainer(write_experiment(tmp_path / "a", dataset, training__steps=6))
-    twin = make_trainer(write_experiment(tmp_path / "b", dataset, training__steps=6))
+def test_an_execution_reports_the_mean_loss_of_its_updates(tmp_path, digits_dataset):
+    trainer = make_trainer(write_experiment(tmp_path / "a", digits_dataset, training__steps=6))
+    twin = make_trainer(write_experiment(tmp_path / "b", digits_dataset, training__steps=6))
     losses = [twin.train(1, stop_requested=False).loss for _ in range(3)]
     execution = trainer.train(3, stop_requested=False)
 
@@ -44,8 +39,8 @@ def test_an_execution_reports_the_mean_loss_of_its_updates(tmp_path, dataset):
     assert execution.learning_rate == pytest.approx(0.01)
 
 
-def test_evaluation_reports_the_names_it_promises(tmp_path, dataset):
-    trainer = make_trainer(write_experiment(tmp_path, dataset, training__steps=1))
+def test_evaluation_reports_the_names_it_promises(tmp_path, digits_dataset):
+    trainer = make_trainer(write_experiment(tmp_path, digits_dataset, training__steps=1))
     results = trainer.evaluate("validation")
 
     assert list(results) == [*evaluation_names(trainer.task), "examples"]

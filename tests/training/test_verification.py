@@ -8,12 +8,13 @@ import os
 import pytest
 
 from contracts.dataset_manifest import DatasetError
-from tests.training.experiments import build_digits_dataset, make_trainer, write_experiment
+from tests.support.artefacts import private_copy
+from tests.support.experiments import make_trainer, write_experiment
 from training.verification import RECORD_FILE
 
 
-def test_a_run_hashes_its_shards_once_and_again_only_after_they_change(tmp_path):
-    dataset = build_digits_dataset(tmp_path / "digits")
+def test_a_run_hashes_its_shards_once_and_again_only_after_they_change(tmp_path, digits_dataset):
+    dataset = private_copy(digits_dataset, tmp_path)  # its shards are changed below
     path = write_experiment(tmp_path, dataset, training__steps=2)
     make_trainer(path)
     assert (tmp_path / "run" / RECORD_FILE).exists()

@@ -11,15 +11,10 @@ import tf_keras as keras
 
 from research.experiments import load_experiment
 from research.experiments.task import ExperimentTask
-from tests.training.experiments import build_digits_dataset, make_trainer, run, write_experiment
+from tests.support.experiments import make_trainer, run, write_experiment
 from training.distribution import WorkerRole, choose_strategy
 from training.errors import TrainingSetupError
 from training.trainer import Trainer
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return build_digits_dataset(tmp_path_factory.mktemp("digits"))
 
 
 class ThroughStrings(keras.layers.Layer):
@@ -49,11 +44,11 @@ def events(run_dir) -> list[str]:
     return [record["message"] for record in map(json.loads, lines) if record["kind"] == "event"]
 
 
-def test_a_zoo_model_updates_through_xla_as_it_does_without(tmp_path, dataset):
+def test_a_zoo_model_updates_through_xla_as_it_does_without(tmp_path, digits_dataset):
     trainers = {}
     for jit in ("auto", False):
         path = write_experiment(
-            tmp_path / str(jit), dataset, training__jit_compile=jit, model__dropout=0.0
+            tmp_path / str(jit), digits_dataset, training__jit_compile=jit, model__dropout=0.0
         )
         trainers[jit] = make_trainer(path)
         first = trainers[jit].train(4, stop_requested=False)
@@ -67,11 +62,13 @@ def test_a_zoo_model_updates_through_xla_as_it_does_without(tmp_path, dataset):
         np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_a_model_xla_cannot_compile_trains_without_it_from_the_same_input(tmp_path, dataset):
-    fallback = custom_trainer(write_experiment(tmp_path / "auto", dataset, model=None))
+def test_a_model_xla_cannot_compile_trains_without_it_from_the_same_input(tmp_path, digits_dataset):
+    fallback = custom_trainer(write_experiment(tmp_path / "auto", digits_dataset, model=None))
     outcome = run(fallback)
     plain = custom_trainer(
-        write_experiment(tmp_path / "plain", dataset, model=None, training__jit_compile=False)
+        write_experiment(
+            tmp_path / "plain", digits_dataset, model=None, training__jit_compile=False
+        )
     )
     run(plain)
 
@@ -85,9 +82,9 @@ def test_a_model_xla_cannot_compile_trains_without_it_from_the_same_input(tmp_pa
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
 
 
-def test_jit_compile_true_refuses_a_model_xla_cannot_compile(tmp_path, dataset):
+def test_jit_compile_true_refuses_a_model_xla_cannot_compile(tmp_path, digits_dataset):
     trainer = custom_trainer(
-        write_experiment(tmp_path, dataset, model=None, training__jit_compile=True)
+        write_experiment(tmp_path, digits_dataset, model=None, training__jit_compile=True)
     )
     with pytest.raises(TrainingSetupError, match="jit_compile: true.*AsString.*auto or false"):
         trainer.train(2, stop_requested=False)
