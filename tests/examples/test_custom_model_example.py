@@ -26,7 +26,7 @@ TIMEOUT_S = 600
 YAML_HOME = Path("examples", "research")
 WORKDIR = Path("out", "custom-model")
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(2 * TIMEOUT_S + 60)]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(2 * TIMEOUT_S + 60)]
 
 
 def _run(command: list[str], cwd: Path) -> str:

@@ -6,8 +6,6 @@ plain one."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,22 +13,27 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.training.experiments import build_corpus_dataset, write_experiment
+from tests.support.datasets import CORPUS_VOCABULARY as VOCABULARY
+from tests.support.experiments import write_experiment
+from tests.support.worker_groups import WorkerGroups, job_output
 
-pytestmark = pytest.mark.integration
+# One process per device count runs every job: the mesh, pipeline and classifier runs
+# together on four devices, then every one-device reference.
+pytestmark = [pytest.mark.process, pytest.mark.timeout(1200)]
+MESH_WORKER = "tests.support.workers.mesh_worker"
 TIMEOUT = 600
 UPDATES = 50
-VOCABULARY = 256
 GPT = {"type": "gpt", "num_layers": 2, "d_model": 16, "num_heads": 4, "ff_dim": 32}
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The generated corpus, its sentencepiece vocabulary a size every mesh here divides."""
-    dataset = build_corpus_dataset(tmp_path_factory.mktemp("corpus"), 400, vocabulary=VOCABULARY)
-    manifest = json.loads((dataset / "manifest.json").read_text(encoding="utf-8"))
-    assert manifest["features"]["text"]["vocab_size"] == VOCABULARY
-    return dataset
+RESUME = {"model": {**GPT, "dropout": 0.1}, "checkpoint__every_steps": 4}
+EXPERTS = {"model": {**GPT, "dropout": 0.0, "experts": {"num_experts": 4, "top_k": 2}}}
+CLASSIFIER = {
+    "heads": None,
+    "data__labels": ["topic"],
+    "model": {**GPT, "type": "transformer", "pooling": "cls", "dropout": 0.0},
+}
+MICRO_BATCHES = {"training__gradient_accumulation": 4}
+# A run stopped on one mesh and resumed on others: (job, mesh, devices, last step).
+RESTORE_STAGES = [("restore-2x2", "2x2", 4, 12), ("restore-1x4", "1x4", 4, 30)]
 
 
 def experiment(directory: Path, corpus: Path, mesh: str | None, **overrides) -> Path:
@@ -49,21 +52,47 @@ def experiment(directory: Path, corpus: Path, mesh: str | None, **overrides) -> 
     return write_experiment(directory, corpus, **settings)
 
 
-def run_worker(experiment_file: Path, out: Path, devices: int, *options: str) -> dict:
-    """The worker's report, and its weights under ``"weights"``."""
-    command = [sys.executable, "-m", "tests.training.mesh_worker", str(experiment_file)]
-    command += [str(out), "--devices", str(devices), *options]
-    try:
-        result = subprocess.run(
-            command, capture_output=True, text=True, timeout=TIMEOUT, env=dict(os.environ)
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the mesh worker timed out after {TIMEOUT} s")
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    report = json.loads((out / "report.json").read_text())
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory, corpus_dataset: Path) -> Path:
+    """Every worker run of this module, trained before its tests read them; the directory
+    holding each run's output under its name."""
+    manifest = json.loads((corpus_dataset / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["features"]["text"]["vocab_size"] == VOCABULARY
+    root = tmp_path_factory.mktemp("mesh")
+    groups = WorkerGroups(MESH_WORKER, root / "out")
+
+    def add(name: str, devices: int, mesh: str | None, mode: str, job=None, **overrides):
+        path = experiment(root / name, corpus_dataset, mesh, **overrides)
+        groups.add(name, devices, experiment=str(path), mode=mode, **(job or {}))
+
+    for mesh in ("1x4", "2x2"):
+        add(f"mesh-{mesh}", 4, mesh, "curve")
+    add("resume-straight", 4, "2x2", "run", **RESUME)
+    add("resume-stopped", 4, "2x2", "run", {"stop_at": 6}, **RESUME)
+    run_dir = str(root / "restored-run")
+    for name, mesh, devices, until in RESTORE_STAGES:
+        add(name, devices, mesh, "run", {"until": until}, run_dir=run_dir)
+    add("experts-1x4", 4, "1x4", "curve", **EXPERTS)
+    add("classifier-2x2", 4, "2x2", "curve", **CLASSIFIER)
+    add("nonfinite-2x2", 4, "2x2", "curve", {"updates": 5, "poison_after": 3})
+    add("pipeline-2-stages", 4, None, "curve", distribution={"pipeline": {"stages": 2}},
+        **MICRO_BATCHES)  # fmt: skip
+    add("one-device", 1, None, "curve")
+    add("restore-one-device", 1, None, "run", run_dir=run_dir)  # after the mesh stages
+    add("experts-one-device", 1, None, "curve", **EXPERTS)
+    add("classifier-one-device", 1, None, "curve", **CLASSIFIER)
+    add("pipeline-one-device", 1, None, "curve", **MICRO_BATCHES)
+    groups.run()
+    return root / "out"
+
+
+def report(runs: Path, name: str) -> dict:
+    """Run ``name``'s report, and its weights under ``"weights"``."""
+    out = job_output(runs / name)
+    result = json.loads((out / "report.json").read_text())
     with np.load(out / "weights.npz") as saved:
-        report["weights"] = {name: saved[name] for name in saved.files}
-    return report
+        result["weights"] = {key: saved[key] for key in saved.files}
+    return result
 
 
 def assert_same_weights(got: dict, want: dict, **tolerance) -> None:
@@ -75,19 +104,6 @@ def assert_same_weights(got: dict, want: dict, **tolerance) -> None:
         if tolerance and "/key/bias" in name:
             continue
         np.testing.assert_allclose(got[name], want[name], err_msg=name, **tolerance)
-
-
-def curves_alone_and_on(tmp_path: Path, corpus: Path, mesh: str, **overrides) -> tuple:
-    """The same experiment's curve reports on one device and on ``mesh``."""
-    alone = run_worker(
-        experiment(tmp_path / "one", corpus, None, **overrides), tmp_path / "one-out", 1,
-        "--mode", "curve",
-    )  # fmt: skip
-    on_mesh = run_worker(
-        experiment(tmp_path / "mesh", corpus, mesh, **overrides), tmp_path / "mesh-out", 4,
-        "--mode", "curve",
-    )  # fmt: skip
-    return alone, on_mesh
 
 
 def assert_follows(report: dict, one_device: dict) -> None:
@@ -105,24 +121,21 @@ def assert_follows(report: dict, one_device: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def one_device(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> dict:
-    directory = tmp_path_factory.mktemp("one-device")
-    report = run_worker(
-        experiment(directory, corpus, None), directory / "out", 1, "--mode", "curve"
-    )
-    assert report["trainer"] == "Trainer"
-    return report
+def one_device(runs: Path) -> dict:
+    one_device = report(runs, "one-device")
+    assert one_device["trainer"] == "Trainer"
+    return one_device
 
 
 @pytest.mark.parametrize("mesh", ["1x4", "2x2"])
 def test_a_mesh_makes_the_one_device_loss_curve_holding_a_part_of_each_split_weight(
-    tmp_path: Path, corpus: Path, one_device: dict, mesh: str
+    runs: Path, one_device: dict, mesh: str
 ) -> None:
-    report = run_worker(experiment(tmp_path, corpus, mesh), tmp_path / "out", 4, "--mode", "curve")
-    assert_follows(report, one_device)
+    on_mesh = report(runs, f"mesh-{mesh}")
+    assert_follows(on_mesh, one_device)
 
     parts = int(mesh.split("x")[1])
-    shapes = report["local_shapes"]
+    shapes = on_mesh["local_shapes"]
     heads, width, feed_forward = GPT["num_heads"], GPT["d_model"], GPT["ff_dim"]
     split = {
         "decoder_block0_attention/query/kernel:0": (width, heads // parts, width // heads),
@@ -141,18 +154,9 @@ def test_a_mesh_makes_the_one_device_loss_curve_holding_a_part_of_each_split_wei
     assert shapes["decoder_final_norm/gamma:0"] == [[width]] * 4  # replicated
 
 
-def test_a_mesh_run_resumes_bit_for_bit_and_publishes_the_plain_model(
-    tmp_path: Path, corpus: Path
-) -> None:
-    settings = {"model": {**GPT, "dropout": 0.1}, "checkpoint__every_steps": 4}
-    straight = run_worker(
-        experiment(tmp_path / "straight", corpus, "2x2", **settings),
-        tmp_path / "straight-out", 4, "--mode", "run",
-    )  # fmt: skip
-    resumed = run_worker(
-        experiment(tmp_path / "resumed", corpus, "2x2", **settings),
-        tmp_path / "resumed-out", 4, "--mode", "run", "--stop-at", "6",
-    )  # fmt: skip
+def test_a_mesh_run_resumes_bit_for_bit_and_publishes_the_plain_model(runs: Path) -> None:
+    straight = report(runs, "resume-straight")
+    resumed = report(runs, "resume-stopped")
     assert straight["step"] == resumed["step"] == UPDATES
     assert_same_weights(resumed["weights"], straight["weights"], rtol=0, atol=0)
 
@@ -166,54 +170,43 @@ def test_a_mesh_run_resumes_bit_for_bit_and_publishes_the_plain_model(
     assert_same_weights(served, straight["weights"], rtol=0, atol=0)
 
 
-def test_checkpoints_restore_into_other_meshes_and_one_device(
-    tmp_path: Path, corpus: Path, one_device: dict
-) -> None:
+def test_checkpoints_restore_into_other_meshes_and_one_device(runs: Path, one_device: dict) -> None:
     """One run, stopped and resumed as 2x2, then 1x4, then on one device."""
-    run_dir = tmp_path / "run"
-    stages = [("2x2", 4, 12), ("1x4", 4, 30), (None, 1, None)]
-    for index, (mesh, devices, until) in enumerate(stages):
-        file = experiment(tmp_path / f"stage{index}", corpus, mesh, run_dir=str(run_dir))
-        options = ["--mode", "run"] + (["--until", str(until)] if until else [])
-        report = run_worker(file, tmp_path / f"out{index}", devices, *options)
-        assert report["step"] == (until or UPDATES)
-    assert report["trainer"] == "Trainer"
-    assert_same_weights(report["weights"], one_device["weights"], rtol=1e-3, atol=1e-3)
-    shutil.rmtree(run_dir)
+    for name, _mesh, _devices, until in RESTORE_STAGES:
+        assert report(runs, name)["step"] == until
+    restored = report(runs, "restore-one-device")
+    assert restored["step"] == UPDATES
+    assert restored["trainer"] == "Trainer"
+    assert_same_weights(restored["weights"], one_device["weights"], rtol=1e-3, atol=1e-3)
 
 
-def test_experts_are_split_over_the_model_axis_one_per_device(tmp_path: Path, corpus: Path) -> None:
-    experts = {"model": {**GPT, "dropout": 0.0, "experts": {"num_experts": 4, "top_k": 2}}}
-    alone, report = curves_alone_and_on(tmp_path, corpus, "1x4", **experts)
-    assert_follows(report, alone)
+def test_experts_are_split_over_the_model_axis_one_per_device(runs: Path) -> None:
+    on_mesh = report(runs, "experts-1x4")
+    assert_follows(on_mesh, report(runs, "experts-one-device"))
     width, feed_forward = GPT["d_model"], GPT["ff_dim"]
-    shapes = report["local_shapes"]
+    shapes = on_mesh["local_shapes"]
     assert shapes["decoder_block0_experts/experts_in/kernel:0"] == [[1, width, feed_forward]] * 4
     assert shapes["decoder_block1_experts/experts_out/bias:0"] == [[1, width]] * 4
     assert shapes["decoder_block0_experts/router/kernel:0"] == [[width, 4]] * 4  # replicated
 
 
-def test_the_transformer_classifier_trains_on_a_mesh_as_on_one_device(
-    tmp_path: Path, corpus: Path
-) -> None:
-    classifier = {
-        "heads": None,
-        "data__labels": ["topic"],
-        "model": {**GPT, "type": "transformer", "pooling": "cls", "dropout": 0.0},
-    }
-    alone, report = curves_alone_and_on(tmp_path, corpus, "2x2", **classifier)
-    assert_follows(report, alone)
-    assert report["evaluation"]["topic_accuracy"] == pytest.approx(
+def test_the_transformer_classifier_trains_on_a_mesh_as_on_one_device(runs: Path) -> None:
+    alone = report(runs, "classifier-one-device")
+    on_mesh = report(runs, "classifier-2x2")
+    assert_follows(on_mesh, alone)
+    assert on_mesh["evaluation"]["topic_accuracy"] == pytest.approx(
         alone["evaluation"]["topic_accuracy"]
     )
-    assert report["local_shapes"]["encoder_block1_ffn_in/kernel:0"] == [[16, 16]] * 4
+    assert on_mesh["local_shapes"]["encoder_block1_ffn_in/kernel:0"] == [[16, 16]] * 4
 
 
 def test_slipway_train_splits_the_cpu_for_a_mesh_and_publishes(
-    tmp_path: Path, corpus: Path
+    tmp_path: Path, corpus_dataset: Path
 ) -> None:
     """The command line on a machine without GPUs: nothing configures devices but the run."""
-    file = experiment(tmp_path, corpus, "1x2", training__steps=6, training__precision="auto")
+    file = experiment(
+        tmp_path, corpus_dataset, "1x2", training__steps=6, training__precision="auto"
+    )
     result = subprocess.run(
         [sys.executable, "-m", "slipway", "train", str(file), "--quiet"],
         capture_output=True,
@@ -228,33 +221,21 @@ def test_slipway_train_splits_the_cpu_for_a_mesh_and_publishes(
     assert manifest["provenance"]["experiment"] == "mlp"
 
 
-def test_an_update_that_is_not_finite_is_skipped_on_a_mesh(tmp_path: Path, corpus: Path) -> None:
-    report = run_worker(
-        experiment(tmp_path, corpus, "2x2"), tmp_path / "out", 4,
-        "--mode", "curve", "--updates", "5", "--poison-after", "3",
-    )  # fmt: skip
-    assert report["skipped_updates"] == report["consecutive_nonfinite"] == 2
-    assert np.isfinite(report["losses"][:3]).all() and not np.isfinite(report["losses"][3:]).any()
-    with np.load(tmp_path / "out" / "poisoned.npz") as poisoned:
+def test_an_update_that_is_not_finite_is_skipped_on_a_mesh(runs: Path) -> None:
+    poisoned_run = report(runs, "nonfinite-2x2")
+    assert poisoned_run["skipped_updates"] == poisoned_run["consecutive_nonfinite"] == 2
+    losses = poisoned_run["losses"]
+    assert np.isfinite(losses[:3]).all() and not np.isfinite(losses[3:]).any()
+    with np.load(runs / "nonfinite-2x2" / "poisoned.npz") as poisoned:
         # Nothing was applied after the poison: every weight is as it was then.
-        assert_same_weights(report["weights"], {name: poisoned[name] for name in poisoned.files})
+        assert_same_weights(
+            poisoned_run["weights"], {name: poisoned[name] for name in poisoned.files}
+        )
 
 
-def test_a_pipeline_places_its_stages_and_makes_the_one_device_updates(
-    tmp_path: Path, corpus: Path
-) -> None:
-    micro_batches = {"training__gradient_accumulation": 4}
-    alone = run_worker(
-        experiment(tmp_path / "one", corpus, None, **micro_batches), tmp_path / "one-out", 1,
-        "--mode", "curve",
-    )  # fmt: skip
-    staged = run_worker(
-        experiment(
-            tmp_path / "staged", corpus, None, distribution={"pipeline": {"stages": 2}},
-            **micro_batches,
-        ),
-        tmp_path / "staged-out", 2, "--mode", "curve",
-    )  # fmt: skip
+def test_a_pipeline_places_its_stages_and_makes_the_one_device_updates(runs: Path) -> None:
+    alone = report(runs, "pipeline-one-device")
+    staged = report(runs, "pipeline-2-stages")
     assert staged["trainer"] == "Trainer"
     np.testing.assert_allclose(staged["losses"], alone["losses"], rtol=1e-4)
     assert_same_weights(staged["weights"], alone["weights"], rtol=1e-3, atol=1e-3)

@@ -5,81 +5,33 @@ device with the same global batch."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.training.experiments import build_digits_dataset, write_experiment
-from training.launcher import free_ports, tf_config
+from tests.support.experiments import write_experiment
+from tests.support.worker_groups import WorkerGroups, job_output
 
-pytestmark = pytest.mark.integration
-TIMEOUT = 300
+# One process (or pair of processes) per device and worker count trains every run.
+pytestmark = [pytest.mark.process, pytest.mark.timeout(1200)]
+REPLICA_WORKER = "tests.support.workers.replica_worker"
 STEPS = 12
+# name -> (devices per worker, workers, gradient accumulation)
+LAYOUTS = {
+    "mirrored-2": (2, 1, 1),
+    "mirrored-4": (4, 1, 1),
+    "mirrored-2-accumulating-2": (2, 1, 2),
+    "2-workers-x-2": (2, 2, 1),
+}
+RESUMED = ("mirrored-2", "2-workers-x-2")
+RESUME = dict(model__dropout=0.2, checkpoint__every_steps=4)
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return build_digits_dataset(tmp_path_factory.mktemp("digits"))
-
-
-def start_worker(
-    experiment: Path,
-    out: Path,
-    devices: int,
-    env: dict[str, str] | None = None,
-    options: tuple[str, ...] = (),
-) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.training.replica_worker", str(experiment), str(out)]
-        + ["--devices", str(devices), *options],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def finish(processes: list[subprocess.Popen]) -> None:
-    for process in processes:
-        try:
-            output, _ = process.communicate(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            for other in processes:
-                other.kill()
-            pytest.fail("a replica worker timed out")
-        assert process.returncode == 0, output[-4000:]
-
-
-def train(
-    tmp_path: Path,
-    dataset: Path,
-    name: str,
-    *,
-    devices: int,
-    workers: int = 1,
-    options: tuple[str, ...] = (),
-    **settings,
-) -> tuple[list[np.ndarray], list[dict]]:
-    """Train in fresh processes; the chief's weights and every worker's report."""
-    experiment = write_experiment(tmp_path / name, dataset, training__steps=STEPS, **settings)
-    out = tmp_path / name / "out"
-    if workers == 1:
-        finish([start_worker(experiment, out, devices, options=options)])
-    else:
-        ports = free_ports(workers)
-        finish(
-            [
-                start_worker(
-                    experiment, out, devices, {"TF_CONFIG": tf_config(ports, index)}, options
-                )
-                for index in range(workers)
-            ]
-        )
+def trained(out: Path, workers: int = 1) -> tuple[list[np.ndarray], list[dict]]:
+    """A finished run's chief weights and every worker's report."""
+    out = job_output(out)
     with np.load(out / "weights-0.npz") as saved:
         weights = [saved[key] for key in sorted(saved.files, key=lambda k: int(k.split("_")[1]))]
     reports = [json.loads((out / f"worker-{i}.json").read_text()) for i in range(workers)]
@@ -87,8 +39,30 @@ def train(
 
 
 @pytest.fixture(scope="module")
-def one_device(tmp_path_factory, dataset):
-    return train(tmp_path_factory.mktemp("one-device"), dataset, "one-device", devices=1)
+def runs(tmp_path_factory: pytest.TempPathFactory, digits_dataset: Path) -> Path:
+    """Every run of this module, trained before its tests read them; the directory holding
+    each run's output under its name."""
+    root = tmp_path_factory.mktemp("replicas")
+    groups = WorkerGroups(REPLICA_WORKER, root / "out")
+
+    def add(name: str, devices: int, workers: int, job=None, **settings) -> None:
+        path = write_experiment(root / name, digits_dataset, training__steps=STEPS, **settings)
+        groups.add(name, devices, workers, experiment=str(path), **(job or {}))
+
+    add("one-device", 1, 1)
+    for name, (devices, workers, accumulation) in LAYOUTS.items():
+        add(name, devices, workers, training__gradient_accumulation=accumulation)
+    for name in RESUMED:
+        devices, workers, _ = LAYOUTS[name]
+        add(f"{name}-straight", devices, workers, **RESUME)
+        add(f"{name}-resumed", devices, workers, {"stop_at": 6}, **RESUME)
+    groups.run()
+    return root / "out"
+
+
+@pytest.fixture(scope="module")
+def one_device(runs: Path) -> tuple[list[np.ndarray], list[dict]]:
+    return trained(runs / "one-device")
 
 
 def batches_by_replica(reports: list[dict]) -> list[dict[str, list[str]]]:
@@ -100,23 +74,11 @@ def batches_by_replica(reports: list[dict]) -> list[dict[str, list[str]]]:
     return merged
 
 
-@pytest.mark.parametrize(
-    ("devices", "workers", "accumulation"),
-    [(2, 1, 1), (4, 1, 1), (2, 1, 2), (2, 2, 1)],
-    ids=["mirrored-2", "mirrored-4", "mirrored-2-accumulating-2", "2-workers-x-2"],
-)
-def test_replicas_read_their_own_examples_and_make_the_one_device_update(
-    tmp_path, dataset, one_device, devices, workers, accumulation
-):
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_replicas_read_their_own_examples_and_make_the_one_device_update(runs, one_device, layout):
+    devices, workers, accumulation = LAYOUTS[layout]
     reference, (single,) = one_device
-    weights, reports = train(
-        tmp_path,
-        dataset,
-        "replicas",
-        devices=devices,
-        workers=workers,
-        training__gradient_accumulation=accumulation,
-    )
+    weights, reports = trained(runs / layout, workers)
 
     replicas = devices * workers
     assert all(report["replicas"] == replicas for report in reports)
@@ -142,11 +104,11 @@ def test_replicas_read_their_own_examples_and_make_the_one_device_update(
         assert report["validation"]["loss"] == pytest.approx(single["validation"]["loss"], rel=1e-4)
 
 
-@pytest.mark.parametrize("workers", [1, 2], ids=["mirrored-2", "2-workers-x-2"])
-def test_replicas_resume_bit_for_bit(tmp_path, dataset, workers):
-    settings = dict(devices=2, workers=workers, model__dropout=0.2, checkpoint__every_steps=4)
-    straight, _ = train(tmp_path, dataset, "straight", **settings)
-    resumed, _ = train(tmp_path, dataset, "resumed", options=("--stop-at", "6"), **settings)
+@pytest.mark.parametrize("layout", RESUMED)
+def test_replicas_resume_bit_for_bit(runs, layout):
+    workers = LAYOUTS[layout][1]
+    straight, _ = trained(runs / f"{layout}-straight", workers)
+    resumed, _ = trained(runs / f"{layout}-resumed", workers)
 
     for got, want in zip(resumed, straight, strict=True):
         np.testing.assert_array_equal(got, want)

@@ -13,18 +13,12 @@ import time
 import pytest
 
 from contracts.ownership import try_lock
-from tests.training.experiments import build_digits_dataset, write_experiment
-from tests.training.test_trainer_processes import _worker_pid, finish, slipway, wait_for_step
+from tests.support.experiments import write_experiment
+from tests.support.training_processes import finish, slipway, wait_for_step, worker_pid
 from training.checkpoints import latest_committed_step
 from training.run_lock import LOCK_FILE, RunInUseError, exclusive_run
 
-pytestmark = pytest.mark.integration
 TIMEOUT = 120
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return build_digits_dataset(tmp_path_factory.mktemp("digits"))
 
 
 def await_exit(pids: list[int]) -> None:
@@ -47,11 +41,16 @@ def await_exit(pids: list[int]) -> None:
             pytest.fail(f"workers {pids} outlived their supervisor")
 
 
-def test_workers_die_with_a_killed_supervisor_and_a_live_run_is_never_joined(tmp_path, dataset):
-    path = write_experiment(tmp_path, dataset, training__steps=100_000, checkpoint__every_steps=5)
+@pytest.mark.process
+def test_workers_die_with_a_killed_supervisor_and_a_live_run_is_never_joined(
+    tmp_path, digits_dataset
+):
+    path = write_experiment(
+        tmp_path, digits_dataset, training__steps=100_000, checkpoint__every_steps=5
+    )
     supervisor = slipway("train", str(path), "--workers", "2", "--quiet", "--no-export")
     wait_for_step(tmp_path / "run" / "workers" / "heartbeat-1", supervisor, 2)
-    workers = [_worker_pid(index, str(path)) for index in (0, 1)]
+    workers = [worker_pid(index, str(path)) for index in (0, 1)]
     assert None not in workers
 
     second = slipway("train", str(path), "--quiet", "--no-export")
@@ -69,15 +68,18 @@ def test_workers_die_with_a_killed_supervisor_and_a_live_run_is_never_joined(tmp
     lock.release()
 
 
+@pytest.mark.process
 def test_an_experiment_edited_after_its_checkpoints_is_a_user_error_never_retried(
-    tmp_path, dataset
+    tmp_path, digits_dataset
 ):
-    path = write_experiment(tmp_path, dataset, training__steps=10)
+    path = write_experiment(tmp_path, digits_dataset, training__steps=10)
     code, output = finish(slipway("train", str(path), "--quiet", "--no-export"))
     assert code == 0, output
     assert latest_committed_step(tmp_path / "run" / "checkpoints") == 10
 
-    edited = write_experiment(tmp_path, dataset, training__steps=20, model__hidden_units=[48])
+    edited = write_experiment(
+        tmp_path, digits_dataset, training__steps=20, model__hidden_units=[48]
+    )
     wide = {"COLUMNS": "1000"}  # one message on one line
     code, output = finish(slipway("train", str(edited), "--quiet", "--no-export", env=wide))
     assert code == 2, output
@@ -95,11 +97,14 @@ def test_an_experiment_edited_after_its_checkpoints_is_a_user_error_never_retrie
     assert latest_committed_step(tmp_path / "run" / "checkpoints") == 10
 
 
-def test_two_experiments_never_train_into_one_checkpoint_directory_at_once(tmp_path, dataset):
+@pytest.mark.process
+def test_two_experiments_never_train_into_one_checkpoint_directory_at_once(
+    tmp_path, digits_dataset
+):
     shared = tmp_path / "shared-checkpoints"
     common = dict(checkpoint__directory=str(shared), checkpoint__every_steps=5)
-    first = write_experiment(tmp_path / "a", dataset, training__steps=100_000, **common)
-    second = write_experiment(tmp_path / "b", dataset, training__steps=10, **common)
+    first = write_experiment(tmp_path / "a", digits_dataset, training__steps=100_000, **common)
+    second = write_experiment(tmp_path / "b", digits_dataset, training__steps=10, **common)
     heartbeat = tmp_path / "heartbeat"
     holder = slipway(
         "train",

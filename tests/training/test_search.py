@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,15 +23,15 @@ from research.data.pipeline import build_dataset
 from research.data.spec import load_spec
 from research.experiments import load_experiment
 from research.experiments.task import ExperimentTask
-from tests.research.test_tuning import EXPERIMENT, MLP, SPACE, write
+from tests.support.cli import slipway
+from tests.support.training_processes import wait_for_step
+from tests.support.tuning_files import EXPERIMENT, MLP, SPACE, write
 from training import cli
 from training.checkpoints import committed_steps
-from training.launcher import HEARTBEAT_ENV, read_heartbeat
+from training.launcher import HEARTBEAT_ENV
 from training.run_lock import RunInUseError, exclusive_run
 from training.search import PROJECT_NAME, plan_search, reported_names, run_search
 from training.search_results import best_experiment
-
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
@@ -181,15 +180,7 @@ def test_best_yaml_trained_by_slipway_train_reaches_the_best_trials_metrics(
     results = json.loads((out / "results.json").read_text())
     best = next(t for t in results["trials"] if t["trial_id"] == results["best_trial"])
 
-    done = subprocess.run(
-        [sys.executable, "-m", "slipway", "train", str(out / "best.yaml"), "--no-export"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert slipway("train", out / "best.yaml", "--no-export") == 0
     task = ExperimentTask(load_experiment(out / "best.yaml"))
     log = [json.loads(line) for line in (task.config.run_path / "metrics.jsonl").open()]
     final = [row for row in log if row["kind"] == "validation"][-1]
@@ -319,6 +310,7 @@ def test_bayesian_search_runs_its_model_guided_trial(project: Path, tmp_path: Pa
     assert best.data.batch_size == result.best.values["data.batch_size"]
 
 
+@pytest.mark.process
 def test_a_preempted_search_resumes_its_trial_from_the_checkpoint(
     project: Path, tmp_path: Path
 ) -> None:
@@ -339,10 +331,7 @@ def test_a_preempted_search_resumes_its_trial_from_the_checkpoint(
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.monotonic() + 300
-    while (beat := read_heartbeat(heartbeat)) is None or beat.step < 12:
-        assert first.poll() is None and time.monotonic() < deadline, first.stdout.read()
-        time.sleep(0.05)
+    wait_for_step(heartbeat, first, 12)
     first.send_signal(signal.SIGTERM)
     output, _ = first.communicate(timeout=300)
 

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.waiting import wait_until
 from training.launcher import cluster_spec, free_ports, read_heartbeat, tf_config
 from training.supervisor import RestartPolicy, Supervisor, describe_exit
 
 pytestmark = pytest.mark.timeout(60)  # run() cleans up its workers when interrupted
 
-FAKE_WORKER = Path(__file__).with_name("fake_worker.py")
+FAKE_WORKER = Path(__file__).parents[1] / "support" / "workers" / "fake_worker.py"
 FAST = {
     "max_restarts": 3,
     "backoff_initial": 0.05,
@@ -59,14 +60,6 @@ def worker_configs(state: Path, index: int) -> list[dict]:
     return [
         json.loads(line) for line in (state / f"tf_config-{index}.jsonl").read_text().splitlines()
     ]
-
-
-def wait_for(condition: Callable[[], object], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def reached_step(supervisor: Supervisor, index: int, step: int) -> bool:
@@ -155,7 +148,7 @@ def test_exits_are_described_by_code_or_signal():
 
 
 # -- supervision ----------------------------------------------------------------------
-@pytest.mark.integration
+@pytest.mark.process
 def test_workers_that_all_finish_give_exit_code_0(tmp_path, capsys):
     supervisor = make_supervisor(tmp_path, "--steps 5")
 
@@ -173,11 +166,11 @@ def test_workers_that_all_finish_give_exit_code_0(tmp_path, capsys):
     assert log.startswith("===== attempt 1 ") and "worker 1 step 5/5" in log
 
 
-@pytest.mark.integration
+@pytest.mark.process
 def test_a_sigkilled_worker_restarts_the_whole_group_which_resumes(tmp_path, capsys, in_background):
     supervisor = make_supervisor(tmp_path, "--steps 40")
     run = in_background(supervisor)
-    wait_for(lambda: reached_step(supervisor, 1, 3), "worker 1 to complete 3 steps")
+    wait_until(lambda: reached_step(supervisor, 1, 3), "worker 1 to complete 3 steps")
     killed_at = time.time()
     os.kill(supervisor.pids[1], signal.SIGKILL)
 
@@ -199,7 +192,7 @@ def test_a_sigkilled_worker_restarts_the_whole_group_which_resumes(tmp_path, cap
     )
 
 
-@pytest.mark.integration
+@pytest.mark.process
 def test_a_crash_loop_gives_up_after_max_restarts_naming_the_worker(tmp_path, capsys):
     supervisor = make_supervisor(
         tmp_path, "--steps 10 --crash-at 2 --only-worker 1 --always", max_restarts=2
@@ -216,7 +209,7 @@ def test_a_crash_loop_gives_up_after_max_restarts_naming_the_worker(tmp_path, ca
     assert "worker 1 attempt 2" not in err  # only the last attempt is shown
 
 
-@pytest.mark.integration
+@pytest.mark.process
 def test_a_permanent_exit_code_is_returned_without_restarting(tmp_path, capsys):
     supervisor = make_supervisor(
         tmp_path, "--steps 10 --crash-at 2 --exit-code 3 --only-worker 1", permanent_exit_codes={3}
@@ -228,7 +221,7 @@ def test_a_permanent_exit_code_is_returned_without_restarting(tmp_path, capsys):
     assert "worker 1 exited with code 3; a restart would not help" in capsys.readouterr().err
 
 
-@pytest.mark.integration
+@pytest.mark.process
 def test_a_stalled_group_is_killed_and_restarted(tmp_path, capsys):
     supervisor = make_supervisor(
         tmp_path, "--steps 8 --hang-at 4", hang_timeout=1.5, grace_period=30, failure_grace=0.5
@@ -245,7 +238,7 @@ def test_a_stalled_group_is_killed_and_restarted(tmp_path, capsys):
     assert event.seconds_to_relaunch < 10
 
 
-@pytest.mark.integration
+@pytest.mark.process
 def test_a_group_that_never_completes_a_step_hits_the_startup_timeout(tmp_path):
     supervisor = make_supervisor(
         tmp_path, "--steps 3 --hang-at 1", startup_timeout=1.0, hang_timeout=60.0, grace_period=0.5
@@ -258,7 +251,7 @@ def test_a_group_that_never_completes_a_step_hits_the_startup_timeout(tmp_path):
     assert [worker_state(tmp_path, i)["step"] for i in (0, 1)] == [3, 3]
 
 
-@pytest.mark.integration
+@pytest.mark.process
 def test_sigterm_to_the_supervisor_reaches_every_worker_and_gives_143(tmp_path):
     spec = {
         "command": worker_command(tmp_path, "--steps 500"),
@@ -273,7 +266,7 @@ def test_sigterm_to_the_supervisor_reaches_every_worker_and_gives_143(tmp_path):
         )
     try:
         for index in (0, 1):
-            wait_for(
+            wait_until(
                 lambda i=index: (tmp_path / "workers" / f"heartbeat-{i}").exists(),
                 f"worker {index} to complete a step",
             )
@@ -292,10 +285,10 @@ def test_sigterm_to_the_supervisor_reaches_every_worker_and_gives_143(tmp_path):
         saved_at = int((tmp_path / f"sigterm-{index}").read_text())
         assert 0 < saved_at < 500
         pid = worker_state(tmp_path, index)["pid"]
-        wait_for(lambda pid=pid: not alive(pid), f"worker {index} (pid {pid}) to be gone")
+        wait_until(lambda pid=pid: not alive(pid), f"worker {index} (pid {pid}) to be gone")
 
 
-@pytest.mark.integration
+@pytest.mark.process
 def test_a_worker_preempted_on_its_own_stops_the_group_without_restart(tmp_path, capsys):
     supervisor = make_supervisor(tmp_path, "--steps 500 --preempt-at 3 --only-worker 1")
 
@@ -307,13 +300,13 @@ def test_a_worker_preempted_on_its_own_stops_the_group_without_restart(tmp_path,
     assert "worker 1 was preempted; stopping all" in capsys.readouterr().err
 
 
-@pytest.mark.integration
+@pytest.mark.process
 def test_a_stop_during_back_off_returns_143_without_relaunching(tmp_path, in_background):
     supervisor = make_supervisor(
         tmp_path, "--steps 10 --crash-at 1 --only-worker 0", backoff_initial=60.0, backoff_max=60.0
     )
     run = in_background(supervisor)
-    wait_for(lambda: supervisor.restarts, "the first failure")
+    wait_until(lambda: supervisor.restarts, "the first failure")
     supervisor.request_stop("test stop")
 
     assert run.result(timeout=10) == 143

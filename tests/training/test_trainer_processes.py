@@ -5,76 +5,31 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from tests.training.experiments import build_digits_dataset, write_experiment
+from tests.support.experiments import write_experiment
+from tests.support.training_processes import finish, slipway, wait_for_step, worker_pid
 from training.checkpoints import latest_committed_step
-from training.launcher import read_heartbeat
 from training.preemption import EXIT_PREEMPTED
 
-pytestmark = pytest.mark.integration
-TIMEOUT = 300
+pytestmark = pytest.mark.process
 DIGEST = re.compile(r"weights sha256 ([0-9a-f]{64})")
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return build_digits_dataset(tmp_path_factory.mktemp("digits"))
-
-
-def slipway(*args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "slipway", *args],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        **popen,
-    )
-
-
-def finish(process: subprocess.Popen) -> tuple[int, str]:
-    try:
-        output, _ = process.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        output, _ = process.communicate()
-        pytest.fail(f"timed out:\n{output[-3000:]}")
-    return process.returncode, output
-
-
-def wait_for_step(heartbeat: Path, process: subprocess.Popen, step: int) -> int:
-    """Block until the trainer reports ``step`` (or later) through its heartbeat file."""
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        beat = read_heartbeat(heartbeat)
-        if beat is not None and beat.step >= step:
-            return beat.step
-        if process.poll() is not None:
-            pytest.fail(f"trainer exited early:\n{process.stdout.read()[-3000:]}")
-        time.sleep(0.05)
-    process.kill()
-    pytest.fail(f"no heartbeat for step {step}")
-
-
-def test_a_run_killed_mid_way_resumes_bit_for_bit(tmp_path, dataset):
+def test_a_run_killed_mid_way_resumes_bit_for_bit(tmp_path, digits_dataset):
     settings = dict(
         training__steps=24,
         training__deterministic=True,
         checkpoint__every_steps=4,
         model__dropout=0.2,
     )
-    reference = write_experiment(tmp_path / "reference", dataset, **settings)
+    reference = write_experiment(tmp_path / "reference", digits_dataset, **settings)
     code, output = finish(slipway("train", str(reference), "--no-export", "--quiet"))
     assert code == 0, output
     expected = DIGEST.search(output).group(1)
 
-    interrupted = write_experiment(tmp_path / "interrupted", dataset, **settings)
+    interrupted = write_experiment(tmp_path / "interrupted", digits_dataset, **settings)
     heartbeat = tmp_path / "heartbeat"
     first = slipway(
         "train",
@@ -94,8 +49,10 @@ def test_a_run_killed_mid_way_resumes_bit_for_bit(tmp_path, dataset):
     assert DIGEST.search(output).group(1) == expected
 
 
-def test_sigterm_saves_at_the_step_boundary_and_the_run_resumes(tmp_path, dataset):
-    path = write_experiment(tmp_path, dataset, training__steps=400, checkpoint__every_steps=1000)
+def test_sigterm_saves_at_the_step_boundary_and_the_run_resumes(tmp_path, digits_dataset):
+    path = write_experiment(
+        tmp_path, digits_dataset, training__steps=400, checkpoint__every_steps=1000
+    )
     heartbeat = tmp_path / "heartbeat"
     process = slipway(
         "train", str(path), "--no-export", "--quiet", env={"SLIPWAY_HEARTBEAT_FILE": str(heartbeat)}
@@ -115,26 +72,14 @@ def test_sigterm_saves_at_the_step_boundary_and_the_run_resumes(tmp_path, datase
     assert latest_committed_step(tmp_path / "run" / "checkpoints") == 400
 
 
-def _worker_pid(index: int, marker: str) -> int | None:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if marker.encode() in cmdline and f"SLIPWAY_WORKER_INDEX={index}".encode() in environ:
-            return int(entry.name)
-    return None
-
-
-def test_two_workers_agree_and_survive_a_killed_worker(tmp_path, dataset):
-    path = write_experiment(tmp_path, dataset, training__steps=60, checkpoint__every_steps=10)
+def test_two_workers_agree_and_survive_a_killed_worker(tmp_path, digits_dataset):
+    path = write_experiment(
+        tmp_path, digits_dataset, training__steps=60, checkpoint__every_steps=10
+    )
     supervisor = slipway("train", str(path), "--workers", "2", "--quiet", "--no-export")
     heartbeat = tmp_path / "run" / "workers" / "heartbeat-1"
     wait_for_step(heartbeat, supervisor, 15)
-    pid = _worker_pid(1, str(path))
+    pid = worker_pid(1, str(path))
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
 
