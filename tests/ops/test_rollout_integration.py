@@ -188,7 +188,9 @@ def outage_holds(store: StateStore) -> list[Event]:
     ]  # fmt: skip
 
 
-def test_a_killed_controller_resumes_from_its_state_file(fleet: Rollouts, store: StateStore) -> None:
+def test_a_killed_controller_resumes_from_its_state_file(
+    fleet: Rollouts, store: StateStore
+) -> None:
     first = spawn(fleet, store, *start_args(fleet, GOOD_KILLED, "--bake", "5s"))
     try:
         wait_until(lambda: min(weights(fleet)) >= 0.5, "every replica at the second step", 40)
