@@ -250,7 +250,7 @@ def test_shadow_traffic_is_mirrored_and_compared(server, predictions) -> None:
     labels = {"model": "digits", "version": "2"}
     before = server.metric("slipway_gateway_shadow_agreement_count", labels)
     for _ in range(5):
-        request = predict_request(rows=2)  # two rows: a comparison over more than one
+        request = predict_request(rows=2)  # two rows each: every row is compared
         assert predictions.Predict(request, timeout=10).model_spec.version.value == 1
     wait_until(
         lambda: server.metric("slipway_gateway_shadow_agreement_count", labels) >= before + 5,
