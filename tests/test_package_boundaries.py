@@ -1,4 +1,4 @@
-"""Who may import whom, as DESIGN.md's package table says, checked on every import.
+"""Who may import whom, as the package table in docs/architecture.md says, checked on every import.
 
 What crosses a package boundary is a file format, a metric name or a small public API.
 An import against the table couples two packages that must be able to change (and, for
