@@ -299,6 +299,7 @@ def test_a_failing_build_raises_its_error_and_stops_its_cluster() -> None:
     )
 
 
+@pytest.mark.process
 def test_windowing_is_refused_before_any_worker_starts() -> None:
     pipeline = beam.Pipeline(runner=DaskRunner())
     _ = (

@@ -93,4 +93,5 @@ def job_output(out: Path) -> Path:
 
 
 def tail(path: Path) -> str:
+    """The end of a log or traceback file, enough to see why without flooding the report."""
     return path.read_text(encoding="utf-8", errors="replace")[-LOG_TAIL:]
