@@ -165,7 +165,7 @@ def bench(work: Path, repeats: int) -> dict[str, Any]:
     from ops.scrape import ScrapeProvider
     from serving.process import GatewayProcess
     from slipway.demo_rollout import TOKEN_ENV, ClientLoad, request_pool, write_gateway_config
-    from tests.ops.prometheus_process import PrometheusProcess
+    from tests.support.prometheus import PrometheusProcess
 
     root = work / "models"
     signature = publish_models(root)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests import prometheus_binaries
+from tests.support import prometheus
 
 pytest_plugins = [
     "tests.support.tiers",
@@ -23,12 +23,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     skipped = [
         report
         for report in terminalreporter.stats.get("skipped", [])
-        if prometheus_binaries.MISSING in str(report.longrepr)
+        if prometheus.MISSING in str(report.longrepr)
     ]
     if skipped:
         terminalreporter.write_line(
             f"{len(skipped)} tests that run a real Prometheus were skipped: "
-            f"{prometheus_binaries.MISSING}. Install it with {prometheus_binaries.INSTALL_HINT}.",
+            f"{prometheus.MISSING}. Install it with {prometheus.INSTALL_HINT}.",
             yellow=True,
             bold=True,
         )

@@ -6,8 +6,8 @@ without the marker (directly, through a fixture, or deep inside the code under t
 here with the command it ran, instead of slowing the fast tier quietly.
 ``tests/test_test_tiers.py`` reads the same rule in the code, before anything runs.
 
-Short-lived tools that never import TensorFlow (``git``, which provenance records ask) are
-allowed.
+Short-lived tools that never import TensorFlow (``git``, which provenance records ask, and
+``uname``) are allowed.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import pytest
 
 PROCESS_MARKER = "process"
 
-# Executables a fast test may run: quick, and none of them Python.
-ALLOWED_EXECUTABLES = frozenset({"git"})
+# Executables a fast test may run: quick, and none of them Python. (TensorFlow's first import
+# asks ``uname -p`` through h5py.)
+ALLOWED_EXECUTABLES = frozenset({"git", "uname"})
 
 _watched: pytest.Item | None = None
 _started: dict[str, list[str]] = {}
