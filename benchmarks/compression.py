@@ -204,7 +204,12 @@ def bench_case(
         "train_seconds": trained - started,
         "compress_seconds": time.perf_counter() - trained,
         "examples": run.baseline.examples,
-        "report": str(run.files.markdown),
+        # Relative inside the repository, so committed results name no machine's checkout.
+        "report": str(
+            run.files.markdown.relative_to(REPO_ROOT)
+            if run.files.markdown.is_relative_to(REPO_ROOT)
+            else run.files.markdown
+        ),
         **figures(report),
         "statuses": {row["method"]: row["status"] for row in report["results"][1:]},
     }

@@ -88,7 +88,10 @@ def run_source(work: Path, changes: int) -> list[float]:
     from serving.routing_process import RoutingSourceProcess, write_replica_config
 
     with RoutingSourceProcess(work / "routing-state.json", TOKEN) as source:
-        configs = [write_replica_config(work / f"r{i}", source.url) for i in range(REPLICAS)]
+        configs = [
+            write_replica_config(work / f"r{i}", source.url, ready_without_models=True)
+            for i in range(REPLICAS)
+        ]
         with replicas(work, configs) as urls:
             path = f"{source.url}/v1/routing/{MODEL}"
             return measure(urls, lambda w: admin_call(path, TOKEN, "PUT", routing_body(w)), changes)
@@ -102,7 +105,11 @@ def run_file(work: Path, changes: int) -> list[float]:
     for index in range(REPLICAS):
         directory = work / f"f{index}"
         directory.mkdir()
-        config = {"routing_file": str(routing_file), "admin": {"token_env": "SLIPWAY_ADMIN_TOKEN"}}
+        config = {
+            "routing_file": str(routing_file),
+            "admin": {"token_env": "SLIPWAY_ADMIN_TOKEN"},
+            "ready_without_models": True,  # routing needs no model
+        }
         (directory / "gateway.yaml").write_text(json.dumps(config))
         configs.append(directory / "gateway.yaml")
     update_routing_file(routing_file, {MODEL: ModelRouting.model_validate(routing_body(0.0))})
@@ -150,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             "file": summary(run_file(work / "file", changes)),
         }
     results = {
+        "quick": args.quick,
         "machine": machine_info(),
         "replicas": REPLICAS,
         "goal_s": GOAL_S,

@@ -52,9 +52,12 @@ def admin_call(url: str, token: str, method: str = "GET", body: Any = None) -> A
         return json.loads(answer.read())
 
 
-def write_replica_config(directory: Path, source_url: str, *, watch_s: float = 30.0) -> Path:
+def write_replica_config(
+    directory: Path, source_url: str, *, watch_s: float = 30.0, ready_without_models: bool = False
+) -> Path:
     """A gateway.yaml for one replica watching ``source_url``, with its own routing cache
-    beside it and the admin token from ``$SLIPWAY_ADMIN_TOKEN`` (the source's too)."""
+    beside it and the admin token from ``$SLIPWAY_ADMIN_TOKEN`` (the source's too).
+    ``ready_without_models`` lets a replica over an empty repository report ready."""
     directory.mkdir(parents=True, exist_ok=True)
     config = {
         "routing_source": {"url": source_url, "cache_file": "routing-cache.json",
@@ -63,6 +66,7 @@ def write_replica_config(directory: Path, source_url: str, *, watch_s: float = 3
         "poll_interval_s": 0.5,
         "admin": {"token_env": DEFAULT_TOKEN_ENV},
         "grace_period_s": 2.0,
+        "ready_without_models": ready_without_models,
     }  # fmt: skip
     path = directory / "gateway.yaml"
     path.write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
