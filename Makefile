@@ -108,11 +108,11 @@ lint: install
 
 # The documentation site on http://127.0.0.1:8000, rebuilt as pages change.
 docs: install
-	$(BIN)/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 # The site under out/site; a broken link or a page missing from the nav fails the build.
 docs-build: install
-	$(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache
