@@ -214,7 +214,9 @@ def test_overwrite_with_a_refused_build_keeps_the_dataset_byte_identical(
     spec = decimal_comma_csv(tmp_path / "raw")
     code, error = build(capsys, spec, "-o", existing, "--overwrite")
     assert code == REFUSED
-    assert f"{existing}: the build was refused and nothing was written there" in error
+    # The console may break the long path at a slash: compare without the breaks.
+    refused = f"{existing}: the build was refused and nothing was written there"
+    assert "".join(refused.split()) in "".join(error.split())
     assert tree_digest(existing) == before
     assert leftovers(existing.parent, "table") == []
     assert slipway("data", "validate", existing) == 0
