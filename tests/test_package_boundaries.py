@@ -69,3 +69,27 @@ def test_every_package_of_the_table_exists() -> None:
         if path.parent.name not in ("tests", "benchmarks", "slipway")
     }
     assert on_disk == set(PROJECT_PACKAGES)
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """``(line, dotted module)`` of every absolute import, ``from a import b`` giving ``a.b``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def test_test_modules_share_helpers_only_through_tests_support() -> None:
+    # A helper has one copy, and a test module can be moved or deleted on its own.
+    tests = ROOT / "tests"
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: imports {module}"
+        for path in sorted(tests.rglob("*.py"))
+        if (tests / "support") not in path.parents
+        for line, module in imported_modules(path)
+        if module.startswith("tests.") and not module.startswith("tests.support.")
+    ]
+    assert found == []
