@@ -47,8 +47,8 @@ class Event:
     accepted: bool | None = None
 
     def to_json(self) -> str:
-        data = dataclasses.asdict(self)
-        data["checks"] = list(self.checks)
+        # _finite copies as it goes; dataclasses.asdict's deep copy would be a second one.
+        data = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         return json.dumps(_finite(data), sort_keys=True, allow_nan=False)
 
     @classmethod
