@@ -28,16 +28,21 @@ ALLOWED = {
 }
 
 
-def imported_packages(path: Path) -> list[tuple[int, str]]:
-    """``(line, top-level package)`` of every absolute import in a file."""
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """``(line, dotted module)`` of every absolute import, ``from a import b`` giving ``a.b``."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+            found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module.split(".")[0]))
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
     return found
+
+
+def imported_packages(path: Path) -> list[tuple[int, str]]:
+    """``(line, top-level package)`` of every absolute import in a file."""
+    return [(line, module.split(".")[0]) for line, module in imported_modules(path)]
 
 
 def forbidden_imports(package: str) -> list[str]:
@@ -69,17 +74,6 @@ def test_every_package_of_the_table_exists() -> None:
         if path.parent.name not in ("tests", "benchmarks", "slipway")
     }
     assert on_disk == set(PROJECT_PACKAGES)
-
-
-def imported_modules(path: Path) -> list[tuple[int, str]]:
-    """``(line, dotted module)`` of every absolute import, ``from a import b`` giving ``a.b``."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
-    return found
 
 
 def test_test_modules_share_helpers_only_through_tests_support() -> None:
