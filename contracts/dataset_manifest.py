@@ -33,6 +33,7 @@ from contracts.features import FeatureSpec, features_from_json, features_to_json
 MANIFEST_FILE = "manifest.json"
 FORMAT = "slipway.dataset/1"
 QUANTILES = (0, 5, 25, 50, 75, 95, 100)
+TRAIN_SPLIT = "train"
 
 
 class DatasetError(ValueError):
@@ -87,6 +88,23 @@ class Manifest:
     def tfrecord_compression(self) -> str:
         """The compression argument ``tf.data.TFRecordDataset`` expects."""
         return "GZIP" if self.compression == "gzip" else ""
+
+    @property
+    def statistics_split(self) -> str | None:
+        """The split whose statistics scale features and targets: ``train``, else the
+        largest. Scaling by the split a model is evaluated on would leak it into the model.
+        """
+        if TRAIN_SPLIT in self.splits:
+            return TRAIN_SPLIT
+        if not self.splits:
+            return None
+        return max(self.splits, key=lambda name: self.splits[name].num_records)
+
+    def feature_statistics(self, name: str) -> dict[str, Any]:
+        """Feature ``name``'s statistics over ``statistics_split`` (empty if none)."""
+        split = self.statistics_split
+        by_split = self.statistics.get(split, {}) if split else {}
+        return dict((by_split.get("features") or {}).get(name) or {})
 
     def shard_paths(self, root: str | Path, split: str) -> list[str]:
         if split not in self.splits:

@@ -51,7 +51,7 @@ import tensorflow as tf
 from contracts.dataset_manifest import DatasetError, Manifest, load_manifest
 from contracts.digests import file_sha256
 from contracts.features import FeatureSpec, parsing_spec
-from research.preprocessing.preprocessor import FeaturePreprocessor, feature_statistics
+from research.preprocessing.preprocessor import FeaturePreprocessor
 from research.preprocessing.text import PAD_ID, SubwordTokenizer, tokenizer_for
 
 UNK_ID = 1
@@ -241,7 +241,7 @@ def training_means(manifest: Manifest, features: Mapping[str, FeatureSpec]) -> d
     for name, spec in features.items():
         if spec.type != "numeric":
             continue
-        statistics = feature_statistics(manifest, name)
+        statistics = manifest.feature_statistics(name)
         if spec.reshaped:
             read = (statistics.get("as_read") or {}).get("mean")
             mean = None if read is None else spec.value_read_as(read)

@@ -85,7 +85,11 @@ def model_io(config: ExperimentConfig, manifest: Manifest) -> ModelIO:
         weights = config.training.loss_weights
         try:
             heads = {
-                name: head_spec_from_feature(features[name], loss_weight=weights.get(name, 1.0))
+                name: head_spec_from_feature(
+                    features[name],
+                    loss_weight=weights.get(name, 1.0),
+                    statistics=manifest.feature_statistics(name),
+                )
                 for name in labels
             }
         except ValueError as exc:

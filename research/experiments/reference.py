@@ -101,11 +101,15 @@ DESCRIPTIONS: dict[tuple[type, str], str] = {
     (PythonModelConfig, "build"): "package.module:function or path/to/file.py:function "
     "(relative to the experiment file) that returns a tf_keras model",
     (PythonModelConfig, "args"): "keyword arguments the build function is called with",
-    (HeadSpec, "kind"): "classification (softmax over num_classes), regression (units raw "
-    "values) or language_model (next-token logits)",
+    (HeadSpec, "kind"): "classification (softmax over num_classes), regression (units values "
+    "in the label's units) or language_model (next-token logits)",
     (HeadSpec, "num_classes"): "classes of a classification head (at least 2)",
     (HeadSpec, "units"): "values a regression head outputs",
     (HeadSpec, "loss_weight"): "how much the head's loss counts in the total",
+    (HeadSpec, "target_mean"): "regression: the head outputs standard units times target_std "
+    "plus this (heads made from a dataset label take the training split's mean)",
+    (HeadSpec, "target_std"): "regression: the scale of the head's output (heads made from a "
+    "dataset label take the training split's standard deviation)",
     (TrainingConfig, "epochs"): "passes over the training split; give epochs or steps",
     (TrainingConfig, "precision"): "auto: the fastest policy a probe finds on this machine "
     "for this model (cached); or a fixed Keras mixed-precision policy",

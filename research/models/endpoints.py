@@ -13,7 +13,12 @@ from typing import Any
 
 import tf_keras as keras
 
-from research.models.losses import PaddedSequenceCrossentropy
+from research.models.losses import (
+    PaddedSequenceCrossentropy,
+    RegressionMeanAbsoluteError,
+    RegressionMeanSquaredError,
+    RegressionR2,
+)
 from research.models.specs import HeadSpec, InputSpec
 
 Tensors = dict[str, Any]
@@ -59,7 +64,10 @@ def head_output(
         return keras.layers.Activation("softmax", dtype="float32", name=name)(x)
     if spec.kind == "regression":
         x = keras.layers.Dense(spec.units, name=f"{name}_dense")(x)
-        return keras.layers.Activation("linear", dtype="float32", name=name)(x)
+        # In float32: a target of mean 150 would keep about 2 significant digits in bfloat16.
+        return keras.layers.Rescaling(
+            spec.target_std, spec.target_mean, dtype="float32", name=name
+        )(x)
     raise ValueError(f"head {name!r}: a {spec.kind} head needs the gpt model type")
 
 
@@ -90,8 +98,8 @@ def compile_args(heads: Mapping[str, HeadSpec]) -> dict[str, dict[str, Any]]:
             losses[name] = keras.losses.SparseCategoricalCrossentropy()
             metrics[name] = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
         elif spec.kind == "regression":
-            losses[name] = keras.losses.MeanSquaredError()
-            metrics[name] = [keras.metrics.MeanAbsoluteError(name="mae")]
+            losses[name] = RegressionMeanSquaredError()
+            metrics[name] = [RegressionMeanAbsoluteError(), RegressionR2(spec.units)]
         else:
             losses[name] = PaddedSequenceCrossentropy()
             metrics[name] = []

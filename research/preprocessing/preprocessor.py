@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import tensorflow as tf
 import tf_keras as keras
@@ -31,26 +30,6 @@ from research.preprocessing.numeric import standardizer
 from research.preprocessing.strings import StringCleaner, string_cleaner
 from research.preprocessing.text import tokenizer_for
 from research.preprocessing.words import word_bag_for
-
-TRAIN_SPLIT = "train"
-
-
-def statistics_split(manifest: Manifest) -> str | None:
-    """The split whose statistics scale the features: ``train``, else the largest.
-
-    Scaling by the split a model is evaluated on would leak it into the model.
-    """
-    if TRAIN_SPLIT in manifest.splits:
-        return TRAIN_SPLIT
-    if not manifest.splits:
-        return None
-    return max(manifest.splits, key=lambda name: manifest.splits[name].num_records)
-
-
-def feature_statistics(manifest: Manifest, name: str) -> dict[str, Any]:
-    split = statistics_split(manifest)
-    by_split = manifest.statistics.get(split, {}) if split else {}
-    return dict((by_split.get("features") or {}).get(name) or {})
 
 
 def raw_spec(feature: FeatureSpec) -> tf.TensorSpec:
@@ -75,7 +54,7 @@ Builder = Callable[[FeatureSpec, DatasetContext], keras.layers.Layer]
 
 _BUILDERS: dict[str, Builder] = {
     "numeric": lambda feature, context: standardizer(
-        feature, feature_statistics(context.manifest, feature.name)
+        feature, context.manifest.feature_statistics(feature.name)
     ),
     "categorical": lambda feature, context: category_lookup(feature),
     "text": lambda feature, context: (

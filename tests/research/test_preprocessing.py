@@ -18,7 +18,7 @@ from research.data.input_pipeline import describe_inputs, make_dataset
 from research.preprocessing.categorical import OOV_ID, category_lookup
 from research.preprocessing.image import ImageDecoder
 from research.preprocessing.numeric import standardizer
-from research.preprocessing.preprocessor import FeaturePreprocessor, statistics_split
+from research.preprocessing.preprocessor import FeaturePreprocessor
 from tests.support.records import png, write_dataset
 from training.export import IMAGE_ARRAYS_SIGNATURE, ExportError, save_serving_model
 
@@ -101,9 +101,9 @@ def test_statistics_come_from_the_train_split_else_the_largest(tmp_path: Path) -
     manifest = write_dataset(
         tmp_path / "a", [spec], {"test": [[{"x": 1.0}] * 3], "other": [[{"x": 2.0}]]}
     )
-    assert statistics_split(manifest) == "test"
+    assert manifest.statistics_split == "test"
     manifest = write_dataset(tmp_path / "b", [spec], {"test": [[{"x": 1.0}] * 3], "train": [[]]})
-    assert statistics_split(manifest) == "train"
+    assert manifest.statistics_split == "train"
 
 
 # -- raw features served as the pipeline preprocesses them ------------------------------

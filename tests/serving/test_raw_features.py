@@ -19,8 +19,10 @@ import sentencepiece as spm
 import tensorflow as tf
 from tensorflow_serving.apis import (
     classification_pb2,
+    input_pb2,
     predict_pb2,
     prediction_service_pb2_grpc,
+    regression_pb2,
 )
 
 from contracts.features import FeatureSpec
@@ -137,6 +139,8 @@ class Setup:
 FAMILIES = {
     "mlp": Setup(lambda root: TABULAR, TABULAR_RECORDS, {"type": "mlp", "hidden_units": [8]},
                  ["species"], TABULAR_STATISTICS),
+    "regression": Setup(lambda root: TABULAR, TABULAR_RECORDS,
+                        {"type": "mlp", "hidden_units": [8]}, ["height"], TABULAR_STATISTICS),
     "cnn": Setup(lambda root: IMAGES, IMAGE_RECORDS,
                  {"type": "cnn", "stem_filters": 4, "stages": [4]}, ["species"]),
     "multitask": Setup(lambda root: TABULAR, TABULAR_RECORDS,
@@ -269,15 +273,10 @@ def test_rest_predict_takes_json_strings_numbers_and_b64(
         assert predictions[0]["species_classes"] == list(SPECIES)
 
 
-def test_grpc_classify_reads_raw_features_from_tf_examples(
-    family: Family, gateway: GatewayThread
-) -> None:
-    if "species" not in family.expected:
-        pytest.skip("a language model classifies nothing")
-    request = classification_pb2.ClassificationRequest()
-    request.model_spec.name = family.name
+def raw_examples(family: Family, into: input_pb2.Input) -> None:
+    """The family's raw rows as ``tf.Example``s, as a TensorFlow Serving client sends them."""
     for row in range(ROWS):
-        example = request.input.example_list.examples.add()
+        example = into.example_list.examples.add()
         for name, tensor in family.raw.items():
             values = np.ravel(tensor.numpy()[row]).tolist()
             feature = example.features.feature[name]
@@ -285,6 +284,16 @@ def test_grpc_classify_reads_raw_features_from_tf_examples(
                 feature.bytes_list.value.extend(values)
             else:
                 feature.float_list.value.extend(values)
+
+
+def test_grpc_classify_reads_raw_features_from_tf_examples(
+    family: Family, gateway: GatewayThread
+) -> None:
+    if "species" not in family.expected:
+        pytest.skip("classifies nothing")
+    request = classification_pb2.ClassificationRequest()
+    request.model_spec.name = family.name
+    raw_examples(family, request.input)
     with grpc.insecure_channel(gateway.grpc_target) as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
         response = stub.Classify(request, timeout=30)
@@ -294,3 +303,35 @@ def test_grpc_classify_reads_raw_features_from_tf_examples(
         np.testing.assert_allclose(
             [entry.score for entry in classification.classes], scores[row], rtol=1e-5, atol=1e-6
         )
+
+
+def test_regress_reads_raw_features_over_grpc_and_rest(
+    family: Family, gateway: GatewayThread
+) -> None:
+    """A regression answers in the label's units, as the model does in process."""
+    if list(family.expected) != ["height"]:
+        pytest.skip("Regress answers for a model with one regression output")
+    expected = family.expected["height"][:, 0]
+    request = regression_pb2.RegressionRequest()
+    request.model_spec.name = family.name
+    raw_examples(family, request.input)
+    with grpc.insecure_channel(gateway.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        response = stub.Regress(request, timeout=30)
+    answers = [regression.value for regression in response.result.regressions]
+    np.testing.assert_allclose(answers, expected, rtol=1e-5, atol=1e-5)
+
+    features = family.task.manifest.features
+    examples = [
+        {
+            name: json_value(features[name], np.asarray(t.numpy()[row]).tolist())
+            for name, t in family.raw.items()
+        }
+        for row in range(ROWS)
+    ]
+    status, answer = http(
+        gateway, "POST", f"/v1/models/{family.name}:regress", {"examples": examples}
+    )
+    assert status == 200, answer
+    np.testing.assert_allclose(answer["results"], expected, rtol=1e-5, atol=1e-5)
+    assert abs(float(np.mean(expected)) - 30.0) < 3 * 5.0  # in the label's units, around its mean

@@ -74,12 +74,13 @@ def test_loss_ignores_padding_targets() -> None:
     real = keras.losses.sparse_categorical_crossentropy(
         np.array([5, 6, 7]), np.stack([logits[0, 0], logits[0, 1], logits[1, 0]]), from_logits=True
     ).numpy()
-    assert float(loss(targets, logits)) == pytest.approx(real.mean(), rel=1e-5)
-    assert float(loss(targets, noisy)) == pytest.approx(real.mean(), rel=1e-5)
+    per_sequence_mean = (real[:2].mean() + real[2]) / 2  # each sequence counts once
+    assert float(loss(targets, logits)) == pytest.approx(per_sequence_mean, rel=1e-5)
+    assert float(loss(targets, noisy)) == pytest.approx(per_sequence_mean, rel=1e-5)
     weighted = loss(targets, logits, sample_weight=np.array([1.0, 0.0]))
-    assert float(weighted) == pytest.approx(real[:2].mean(), rel=1e-5)
+    assert float(weighted) == pytest.approx(real[:2].mean() / 2, rel=1e-5)  # sum over batch
     restored = PaddedSequenceCrossentropy.from_config(loss.get_config())
-    assert float(restored(targets, logits)) == pytest.approx(real.mean(), rel=1e-5)
+    assert float(restored(targets, logits)) == pytest.approx(per_sequence_mean, rel=1e-5)
     unreduced = PaddedSequenceCrossentropy(reduction=keras.losses.Reduction.NONE)
     per_sequence = unreduced(targets, noisy).numpy()
     np.testing.assert_allclose(per_sequence, [real[:2].mean(), real[2]], rtol=1e-5)

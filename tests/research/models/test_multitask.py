@@ -7,6 +7,7 @@ import tf_keras as keras
 from contracts.yaml_config import ConfigError, parse_model
 from research.models import HeadSpec, ModelConfig, MultiTaskConfig
 from research.models.endpoints import compile_args
+from research.models.losses import RegressionMeanSquaredError
 from research.models.registry import build_model
 from tests.support.keras_checks import (
     assert_config_round_trip,
@@ -58,9 +59,9 @@ def test_compile_args_follow_head_kinds_and_weights() -> None:
     args = compile_args(_heads(price_weight=0.25))
     assert args["loss_weights"] == {"category": 1.0, "price": 0.25}
     assert isinstance(args["loss"]["category"], keras.losses.SparseCategoricalCrossentropy)
-    assert isinstance(args["loss"]["price"], keras.losses.MeanSquaredError)
+    assert isinstance(args["loss"]["price"], RegressionMeanSquaredError)
     assert [m.name for m in args["metrics"]["category"]] == ["accuracy"]
-    assert [m.name for m in args["metrics"]["price"]] == ["mae"]
+    assert [m.name for m in args["metrics"]["price"]] == ["mae", "r2"]
 
 
 def test_total_loss_is_the_weighted_sum() -> None:

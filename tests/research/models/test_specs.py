@@ -175,3 +175,26 @@ def test_head_specs_from_manifest_labels() -> None:
     )
     with pytest.raises(ValueError, match="cannot be a label"):
         head_spec_from_feature(FeatureSpec(name="text", type="text"))
+
+
+@pytest.mark.parametrize(
+    ("statistics", "scale"),
+    [
+        ({"mean": 152.9, "std": 77.1}, (152.9, 77.1)),
+        ({"mean": 4.0, "std": 0.0}, (4.0, 1.0)),  # a constant label: no spread to scale by
+        ({"mean": float("inf"), "std": 2.0}, (0.0, 1.0)),
+        ({"mean": 1.0, "std": float("nan")}, (1.0, 1.0)),
+        ({}, (0.0, 1.0)),
+    ],
+)
+def test_a_regression_head_rescales_by_the_labels_training_statistics(
+    statistics: dict, scale: tuple[float, float]
+) -> None:
+    price = FeatureSpec(name="price", type="numeric")
+    head = head_spec_from_feature(price, statistics=statistics)
+    assert (head.target_mean, head.target_std) == scale
+
+
+def test_only_regression_heads_rescale() -> None:
+    with pytest.raises(ValueError, match="only regression heads rescale"):
+        HeadSpec(kind="classification", num_classes=2, target_mean=3.0)
