@@ -4,7 +4,10 @@ Each package contributes a ``register(subparsers)`` function in its ``cli`` modu
 adds its commands with argparse only; the heavy imports (TensorFlow, Beam) happen inside
 the command handlers. A handler returns the process exit code. A module's
 ``USER_ERRORS`` lists the exceptions that mean "the input is wrong": they are printed as
-one clear line (exit 2) instead of a traceback.
+one clear line (exit 2) instead of a traceback. Any other exception is a bug: its
+traceback goes to a crash log, the screen gets one line naming that file, and the exit
+code is its own (70), so a script can tell a bug from a refusal or a failed check. An
+``OSError`` (a full disk, a permission) takes the same path without being called a bug.
 """
 
 from __future__ import annotations
@@ -13,8 +16,13 @@ import argparse
 import contextlib
 import importlib
 import os
+import shlex
 import sys
+import tempfile
+import time
+import traceback
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -34,6 +42,8 @@ COMMAND_MODULES = (
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE: an unexpected error, a bug to report
+EXIT_INTERRUPTED = 130
 PIPE_COLUMNS = 4096
 
 stderr = Console(stderr=True)
@@ -118,7 +128,61 @@ def main(argv: Sequence[str] | None = None, *, quiet_start_up: bool = False) -> 
         return EXIT_USAGE
     except KeyboardInterrupt:
         stderr.print("interrupted")
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: never a raw traceback
+        log = write_crash_log(exc, argv if argv is not None else sys.argv[1:])
+        # The system refusing (a full disk, a permission) is not a bug, but is as unexpected.
+        refusal = system_refusal(exc)
+        if refusal is not None:
+            what, message, blame = "the system refused", str(refusal), ""
+        else:
+            what, message = f"unexpected {type(exc).__name__}", first_line(exc)
+            blame = "a bug in slipway; "
+        stderr.print(
+            f"[bold red]error:[/] {what}: {escape(message)} "
+            f"({blame}the traceback is in {escape(str(log))})",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return EXIT_INTERNAL
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (TensorFlow's run to pages)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else "(no message)"
+
+
+def system_refusal(exc: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``exc``, if one is: itself, or what it was raised while
+    handling (Beam, for one, re-raises a worker's error as a ``RuntimeError``)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def write_crash_log(exc: BaseException, argv: Sequence[str]) -> Path:
+    """Write ``exc``'s traceback and the command line to a new file; its path.
+
+    The directory is ``SLIPWAY_CRASH_DIR``, else ``slipway-crashes`` in the system's
+    temporary directory: somewhere always writable, even in a read-only container.
+    """
+    directory = Path(
+        os.environ.get("SLIPWAY_CRASH_DIR") or Path(tempfile.gettempdir()) / "slipway-crashes"
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    handle, name = tempfile.mkstemp(prefix=f"{stamp}-", suffix=".log", dir=directory)
+    with os.fdopen(handle, "w", encoding="utf-8") as log:
+        log.write(f"command: slipway {shlex.join(argv)}\n")
+        log.write(f"python: {sys.version.split()[0]}\n\n")
+        log.write("".join(traceback.format_exception(exc)))
+    return Path(name)
 
 
 def run() -> None:

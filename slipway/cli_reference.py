@@ -24,16 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contracts.config_reference import cell
-from slipway.cli import EXIT_OK, EXIT_USAGE, build_parser
+from slipway.cli import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, build_parser
 
 USAGE_WIDTH = 88  # usage lines wrapped as a terminal this wide would show them
-INTERRUPTED = 130  # what main returns on Ctrl-C
 
 COMMON_EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_USAGE: "the input is wrong: an unknown option or a bad value, or a file, key or value "
     "the one-line message names (nothing was changed)",
-    INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_INTERNAL: "an unexpected error, a bug: one line names the crash log that holds the "
+    "traceback (in `slipway-crashes` of the temporary directory, or `SLIPWAY_CRASH_DIR`)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
 # What each command's exit codes mean, for the commands whose --help does not say.

@@ -22,7 +22,7 @@ from research.data import cli as data_cli
 from research.data import shards
 from research.data.pipeline import build_dataset
 from research.data.spec import load_spec
-from slipway.cli import build_parser
+from slipway.cli import EXIT_INTERNAL, build_parser
 from tests.support.cli import slipway
 from tests.support.raw_data import (
     tabular_rows,
@@ -159,13 +159,17 @@ def test_a_build_failing_part_way_leaves_nothing_behind(
 
 
 def test_a_failed_overwrite_keeps_the_existing_dataset(
-    table_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    table_copy: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    monkeypatch.setenv("SLIPWAY_CRASH_DIR", str(tmp_path / "crashes"))
     before = tree_digest(table_copy)
     fail_on_validation_shard(monkeypatch)
     spec = write_tabular_dataset_inputs(tmp_path / "raw", "table", tabular_rows(150, seed=9))
-    with pytest.raises(Exception, match="No space left on device"):
-        slipway("data", "build", spec, "-o", table_copy, "--overwrite")
+    assert slipway("data", "build", spec, "-o", table_copy, "--overwrite") == EXIT_INTERNAL
+    assert "the system refused: [Errno 28] No space left on device" in capsys.readouterr().err
     assert tree_digest(table_copy) == before
     assert leftovers(table_copy.parent, "table") == []
     assert slipway("data", "validate", table_copy) == 0
