@@ -34,7 +34,7 @@ def examples_to_inputs(
     names = list(signature.inputs)
     if (
         len(names) == 1
-        and signature.inputs[names[0]].dtype is STRING
+        and signature.inputs[names[0]].dtype == STRING
         and not any(names[0] in example.features.feature for example in merged)
     ):
         serialized = np.empty(len(merged), dtype=object)
@@ -75,7 +75,7 @@ def _feature_to_array(feature: Feature, spec: TensorSpec, where: str) -> np.ndar
     kind = feature.WhichOneof("kind")
     label = f"{where}: feature {spec.name!r}"
     expected = spec.describe()
-    if spec.dtype is STRING:
+    if spec.dtype == STRING:
         if kind not in ("bytes_list", None):
             raise InvalidArgument(f"{label}: expected bytes_list for {expected}, got {kind}")
         values = np.empty(len(feature.bytes_list.value), dtype=object)

@@ -128,7 +128,7 @@ def tensor_proto_to_numpy(
     if spec is not None:
         check_declared(spec, info.numpy, shape, arg)
     count = math.prod(shape)
-    if info.numpy is STRING:
+    if info.numpy == STRING:
         if proto.tensor_content:
             raise InvalidArgument(f"{label}: string tensors cannot use tensor_content")
         _check_expansion(len(proto.string_val), count, info.numpy, shape, label, max_bytes)
@@ -257,7 +257,7 @@ def numpy_to_tensor_proto(array: Any) -> TensorProto:
     dims = proto.tensor_shape.dim
     for size in array.shape:
         dims.add(size=size)
-    if info.numpy is STRING:
+    if info.numpy == STRING:
         proto.string_val.extend(_as_bytes(array))
     else:
         packed = np.ascontiguousarray(array, dtype=info.numpy)
@@ -400,7 +400,7 @@ def _json_to_array(value: Any, spec: TensorSpec, label: str, *, rows: bool) -> n
     input takes ``true``/``false`` only, and ``true`` is not a number to any other input.
     A scalar (no list) is a tensor of shape ``[]``.
     """
-    if spec.dtype is STRING:
+    if spec.dtype == STRING:
         return _json_strings(value, label, rows)
     try:
         array = np.array(value)
@@ -570,7 +570,7 @@ def outputs_to_predictions(outputs: Mapping[str, np.ndarray], row_format: bool) 
 
 def _array_to_json(name: str, array: np.ndarray) -> Any:
     info = dtype_info(array.dtype)
-    if info.numpy is STRING:
+    if info.numpy == STRING:
         encode = _b64_object if name.endswith(BYTES_SUFFIX) else _text_or_b64
         flat = np.empty(array.size, dtype=object)
         flat[:] = [encode(item) for item in _as_bytes(array)]

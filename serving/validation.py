@@ -116,7 +116,7 @@ def check_size(
 def _same_type(want: np.dtype, got: np.dtype) -> bool:
     if got == want:
         return True
-    if want is STRING:
+    if want == STRING:
         return got.kind in "OSU"
     try:
         return dtype_info(got).enum == dtype_info(want).enum
@@ -129,7 +129,7 @@ def _settled(spec: TensorSpec, array: np.ndarray, max_bytes: int) -> np.ndarray:
     if array.size > 1 and 0 in array.strides:
         check_size(f"input {spec.name!r}", array.dtype, array.shape, max_bytes)
         array = np.ascontiguousarray(array)
-    if spec.dtype is STRING:
+    if spec.dtype == STRING:
         return _to_bytes(spec, array)
     if array.dtype != spec.dtype:
         return array.astype(spec.dtype)  # the same type in the other byte order
