@@ -1,7 +1,7 @@
 """Model quality benchmark: ``python -m benchmarks.quality [--quick]``.
 
 Does a zoo model, trained as the example experiment says, reach what a textbook
-scikit-learn model reaches on the same data? Four tasks, all from data installed here
+scikit-learn model reaches on the same data? Five tasks, all from data installed here
 (``slipway.raw_data``, nothing downloaded):
 
 - tabular, binary: breast cancer (``breast_cancer_mlp.yaml``) against a standardized
@@ -10,15 +10,18 @@ scikit-learn model reaches on the same data? Four tasks, all from data installed
 - images: the 8x8 digits (``digits_cnn.yaml``) against a standardized logistic
   regression on the 64 pixels;
 - text: the package of a standard-library docstring (``docstrings_words.yaml``)
-  against TF-IDF (words and word pairs) and a linear SVM.
+  against TF-IDF (words and word pairs) and a linear SVM;
+- regression: diabetes progression (``diabetes_linear.yaml``) against a standardized
+  ridge regression.
 
 Each dataset is built with its example spec, and each experiment is trained with
 ``slipway train`` as a user runs it; the model's accuracy is the test accuracy its
 published version records in ``slipway.json``. The baseline reads the same dataset's
 train and test shards back, so both are trained and tested on exactly the same records.
-Goal: within 1 point of the baseline's test accuracy, or better. With a test split of a
-few dozen to a few hundred records one record is worth 0.3 to 2.6 points, so the table
-gives the test size next to every figure.
+Goal: within 1 point of the baseline's test accuracy, or better; for the regression, a
+mean absolute error and an R² each within 5 % of the baseline's, or better. With a test
+split of a few dozen to a few hundred records one record is worth 0.3 to 2.6 points, so
+the table gives the test size next to every figure.
 
 Results are printed as a table and written to ``benchmarks/results/quality.json``.
 """
@@ -39,15 +42,21 @@ from typing import Any, Literal
 import yaml
 
 from benchmarks.common import benchmark_parser, machine_info, write_results
-from slipway.raw_data import copy_sklearn_csv, write_digits_npz, write_docstrings_jsonl
+from slipway.raw_data import (
+    copy_sklearn_csv,
+    write_diabetes_csv,
+    write_digits_npz,
+    write_docstrings_jsonl,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples"
 RESULTS_FILE = REPO_ROOT / "benchmarks" / "results" / "quality.json"
 GOAL_POINTS = 1.0  # the model may trail the baseline by at most this many points
+GOAL_RELATIVE = 0.05  # a regression's MAE and R² may be at most this much worse
 QUICK_EPOCH_FRACTION = 0.2
 
-Baseline = Literal["logistic_regression", "tfidf_linear_svm"]
+Baseline = Literal["logistic_regression", "tfidf_linear_svm", "ridge_regression"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,9 @@ TASKS = (
         "tfidf_linear_svm",
         write_docstrings_jsonl,
     ),
+    QualityTask(
+        "diabetes", "diabetes.yaml", "diabetes_linear.yaml", "ridge_regression", write_diabetes_csv
+    ),
 )
 
 
@@ -97,14 +109,15 @@ class Split:
     """One split's records as scikit-learn takes them: inputs and label values."""
 
     inputs: Any  # a float matrix, or a list of texts
-    labels: list[str]
+    labels: list[Any]  # category values (str), or numbers for a numeric label
 
 
 def read_split(dataset: Path, split: str) -> Split:
     """Every record of ``split``, in shard order, as the shards hold them.
 
     Numeric features and image pixels become the columns of one float matrix; a single
-    text feature is kept as text. The label is the single label's category value.
+    text feature is kept as text. The label is the single label's category value, or its
+    number for a numeric label.
     """
     import numpy as np
     import tensorflow as tf
@@ -132,7 +145,11 @@ def read_split(dataset: Path, split: str) -> Split:
     labels: list[str] = []
     for batch in records.batch(1024):
         parsed = tf.io.parse_example(batch, parse)
-        labels.extend(value.decode("utf-8") for value in parsed[label].numpy())
+        values = parsed[label].numpy()
+        if manifest.features[label].type == "numeric":
+            labels.extend(float(value) for value in values)
+        else:
+            labels.extend(value.decode("utf-8") for value in values)
         if text:
             rows.extend(value.decode("utf-8") for value in parsed[next(iter(inputs))].numpy())
             continue
@@ -169,6 +186,34 @@ def baseline_accuracy(kind: Baseline, train: Split, test: Split) -> float:
     return float(model.score(test.inputs, test.labels))
 
 
+def baseline_regression(train: Split, test: Split) -> dict[str, float]:
+    """Test MAE and R² of a standardized ridge regression fitted on ``train`` alone."""
+    from sklearn.linear_model import Ridge
+    from sklearn.metrics import mean_absolute_error, r2_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    model = make_pipeline(StandardScaler(), Ridge()).fit(train.inputs, train.labels)
+    predicted = model.predict(test.inputs)
+    return {
+        "mae": float(mean_absolute_error(test.labels, predicted)),
+        "r2": float(r2_score(test.labels, predicted)),
+    }
+
+
+def regression_verdict(model: Mapping[str, float], baseline: Mapping[str, float]) -> dict[str, Any]:
+    """Whether the MAE is at most 5 % above the baseline's and the R² at most 5 % below."""
+    mae_ratio = model["mae"] / baseline["mae"]
+    r2_shortfall = (baseline["r2"] - model["r2"]) / abs(baseline["r2"])
+    met = mae_ratio <= 1.0 + GOAL_RELATIVE and r2_shortfall <= GOAL_RELATIVE
+    return {
+        "mae_ratio": round(mae_ratio, 4),
+        "r2_shortfall": round(r2_shortfall, 4),
+        "goal": f"MAE and R² within {GOAL_RELATIVE:.0%} of the baseline's or better",
+        "verdict": "met" if met else "missed",
+    }
+
+
 def verdict(model_accuracy: float, baseline_accuracy: float) -> dict[str, Any]:
     """The difference in points and whether it meets the goal (at most 1 point behind)."""
     difference = round(100.0 * (model_accuracy - baseline_accuracy), 2)
@@ -195,7 +240,8 @@ def prepare(workdir: Path, tasks: Sequence[QualityTask]) -> None:
 
 
 def train_model(task: QualityTask, workdir: Path, *, quick: bool) -> dict[str, Any]:
-    """``slipway train`` on the example experiment; the published version's test accuracy.
+    """``slipway train`` on the example experiment; the published version's test figures
+    for the label (``accuracy``, or ``mae`` and ``r2`` for a regression).
 
     The experiment is copied to ``experiments/`` beside ``datasets/``, where its relative
     paths point; ``quick`` shortens it to a fifth of its epochs.
@@ -220,8 +266,9 @@ def train_model(task: QualityTask, workdir: Path, *, quick: bool) -> dict[str, A
     latest = max(versions.iterdir(), key=lambda path: int(path.name))
     published = json.loads((latest / "slipway.json").read_text("utf-8"))
     test = published["metrics"]["test"]
+    scores = ("mae", "r2") if task.baseline == "ridge_regression" else ("accuracy",)
     return {
-        "accuracy": test[f"{label}_accuracy"],
+        **{score: test[f"{label}_{score}"] for score in scores},
         "examples": int(test["examples"]),
         "epochs": config["training"]["epochs"],
         "train_seconds": round(seconds, 1),
@@ -232,24 +279,35 @@ def measure(task: QualityTask, workdir: Path, *, quick: bool) -> dict[str, Any]:
     """One task's model and baseline on the same split, and the verdict."""
     dataset = workdir / "datasets" / task.name
     train, test = read_split(dataset, "train"), read_split(dataset, "test")
-    baseline = baseline_accuracy(task.baseline, train, test)
     model = train_model(task, workdir, quick=quick)
     if model["examples"] != len(test.labels):
         raise RuntimeError(
             f"{task.name}: the model was tested on {model['examples']} records, the baseline "
             f"on {len(test.labels)}: not the same split"
         )
-    return {
+    common = {
         "experiment": task.experiment,
         "baseline": task.baseline,
         "train_records": len(train.labels),
         "test_records": len(test.labels),
+        "epochs": model["epochs"],
+        "train_seconds": model["train_seconds"],
+    }
+    if task.baseline == "ridge_regression":
+        baseline_scores = baseline_regression(train, test)
+        return {
+            **common,
+            **{f"model_{k}": round(model[k], 4) for k in ("mae", "r2")},
+            **{f"baseline_{k}": round(v, 4) for k, v in baseline_scores.items()},
+            **regression_verdict(model, baseline_scores),
+        }
+    baseline = baseline_accuracy(task.baseline, train, test)
+    return {
+        **common,
         "classes": len(set(train.labels)),
         "model_accuracy": round(model["accuracy"], 4),
         "baseline_accuracy": round(baseline, 4),
         **verdict(model["accuracy"], baseline),
-        "epochs": model["epochs"],
-        "train_seconds": model["train_seconds"],
     }
 
 
@@ -275,15 +333,32 @@ def print_table(results: Mapping[str, Any]) -> None:
         table.add_row(
             name,
             f"{task['experiment']} ({task['epochs']} epochs, {task['train_seconds']:.0f} s)",
-            f"{task['test_records']} (1 = {100 / task['test_records']:.1f} pts)",
-            f"{task['model_accuracy']:.4f}",
-            f"{task['baseline_accuracy']:.4f}",
-            task["baseline"].replace("_", " "),
-            f"{task['difference_points']:+.2f} pts",
-            f">= -{GOAL_POINTS:g} pts",
+            *_figures(task),
             f"[{style}]{task['verdict']}",
         )
     console.print(table)
+
+
+def _figures(task: Mapping[str, Any]) -> tuple[str, ...]:
+    """Test size, model, baseline, baseline model, difference and goal cells of a row."""
+    baseline = task["baseline"].replace("_", " ")
+    if "model_mae" in task:
+        return (
+            f"{task['test_records']}",
+            f"MAE {task['model_mae']:.2f}, R² {task['model_r2']:.3f}",
+            f"MAE {task['baseline_mae']:.2f}, R² {task['baseline_r2']:.3f}",
+            baseline,
+            f"MAE ×{task['mae_ratio']:.3f}, R² {-100 * task['r2_shortfall']:+.1f} %",
+            f"<= {GOAL_RELATIVE:.0%} worse",
+        )
+    return (
+        f"{task['test_records']} (1 = {100 / task['test_records']:.1f} pts)",
+        f"{task['model_accuracy']:.4f}",
+        f"{task['baseline_accuracy']:.4f}",
+        baseline,
+        f"{task['difference_points']:+.2f} pts",
+        f">= -{GOAL_POINTS:g} pts",
+    )
 
 
 def run(quick: bool, output: Path) -> dict[str, Any]:

@@ -45,6 +45,25 @@ def copy_sklearn_csv(name: str, raw: Path) -> Path:
     return Path(shutil.copyfile(sklearn_csv(name), raw / name))
 
 
+def write_diabetes_csv(raw: Path) -> Path:
+    """scikit-learn's diabetes table in its original units (ages in years, blood pressure
+    in mm Hg): ten measurements and a disease-progression score a year later, with a
+    header line, one row per patient."""
+    import csv
+
+    from sklearn.datasets import load_diabetes
+
+    table = load_diabetes(scaled=False)
+    raw.mkdir(parents=True, exist_ok=True)
+    path = raw / "diabetes.csv"
+    with path.open("w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow([*table.feature_names, "progression"])
+        for values, target in zip(table.data, table.target, strict=True):
+            writer.writerow([f"{value:g}" for value in (*values, target)])
+    return path
+
+
 def write_digits_npz(raw: Path) -> Path:
     """scikit-learn's 8x8 digits as 8-bit grey images (0-255) with their labels."""
     import numpy as np

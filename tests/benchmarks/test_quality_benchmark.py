@@ -115,3 +115,41 @@ def test_the_verdict_allows_one_point_behind_the_baseline(
 ) -> None:
     assert quality.verdict(model, baseline)["difference_points"] == pytest.approx(difference)
     assert quality.verdict(model, baseline)["verdict"] == outcome
+
+
+@pytest.mark.usefixtures("offline")
+def test_the_diabetes_table_is_written_in_its_original_units(tmp_path: Path) -> None:
+    lines = raw_data.write_diabetes_csv(tmp_path).read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "age,sex,bmi,bp,s1,s2,s3,s4,s5,s6,progression"
+    assert len(lines) == 1 + 442
+    ages = [float(line.split(",")[0]) for line in lines[1:]]
+    assert min(ages) >= 18 and max(ages) <= 80  # years, not scikit-learn's scaled values
+    assert raw_data.write_diabetes_csv(tmp_path).read_text(encoding="utf-8").splitlines() == lines
+
+
+def test_the_ridge_baseline_scores_mae_and_r2_on_the_test_split() -> None:
+    rng = np.random.default_rng(0)
+
+    def rows(count: int) -> quality.Split:
+        inputs = rng.normal(0, 1, (count, 3)) * [1.0, 100.0, 0.01]
+        labels = inputs @ [2.0, 0.03, 300.0] + 150.0 + rng.normal(0, 0.1, count)
+        return quality.Split(inputs, labels.tolist())
+
+    scores = quality.baseline_regression(rows(200), rows(50))
+    assert scores["mae"] < 0.2 and scores["r2"] > 0.99
+
+
+@pytest.mark.parametrize(
+    ("model", "outcome"),
+    [
+        ({"mae": 44.4, "r2": 0.506}, "met"),  # better than the baseline on both
+        ({"mae": 46.9, "r2": 0.48}, "met"),  # 4.9 % and 3.6 % worse
+        ({"mae": 47.2, "r2": 0.50}, "missed"),  # MAE 5.6 % worse
+        ({"mae": 44.0, "r2": 0.47}, "missed"),  # R² 6 % worse
+    ],
+)
+def test_the_regression_verdict_allows_five_percent_on_mae_and_r2(
+    model: dict[str, float], outcome: str
+) -> None:
+    baseline = {"mae": 44.7, "r2": 0.50}
+    assert quality.regression_verdict(model, baseline)["verdict"] == outcome
