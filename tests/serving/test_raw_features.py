@@ -19,7 +19,6 @@ import sentencepiece as spm
 import tensorflow as tf
 from tensorflow_serving.apis import (
     classification_pb2,
-    input_pb2,
     predict_pb2,
     prediction_service_pb2_grpc,
     regression_pb2,
@@ -273,10 +272,12 @@ def test_rest_predict_takes_json_strings_numbers_and_b64(
         assert predictions[0]["species_classes"] == list(SPECIES)
 
 
-def raw_examples(family: Family, into: input_pb2.Input) -> None:
-    """The family's raw rows as ``tf.Example``s, as a TensorFlow Serving client sends them."""
+def send_examples(family: Family, gateway: GatewayThread, request: Any, method: str) -> Any:
+    """``request`` with the family's raw rows as ``tf.Example``s, as a TensorFlow Serving
+    client sends them, answered by the gateway's gRPC ``method``."""
+    request.model_spec.name = family.name
     for row in range(ROWS):
-        example = into.example_list.examples.add()
+        example = request.input.example_list.examples.add()
         for name, tensor in family.raw.items():
             values = np.ravel(tensor.numpy()[row]).tolist()
             feature = example.features.feature[name]
@@ -284,6 +285,9 @@ def raw_examples(family: Family, into: input_pb2.Input) -> None:
                 feature.bytes_list.value.extend(values)
             else:
                 feature.float_list.value.extend(values)
+    with grpc.insecure_channel(gateway.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        return getattr(stub, method)(request, timeout=30)
 
 
 def test_grpc_classify_reads_raw_features_from_tf_examples(
@@ -291,12 +295,9 @@ def test_grpc_classify_reads_raw_features_from_tf_examples(
 ) -> None:
     if "species" not in family.expected:
         pytest.skip("classifies nothing")
-    request = classification_pb2.ClassificationRequest()
-    request.model_spec.name = family.name
-    raw_examples(family, request.input)
-    with grpc.insecure_channel(gateway.grpc_target) as channel:
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        response = stub.Classify(request, timeout=30)
+    response = send_examples(
+        family, gateway, classification_pb2.ClassificationRequest(), "Classify"
+    )
     scores = family.expected["species"]
     for row, classification in enumerate(response.result.classifications):
         assert [entry.label for entry in classification.classes] == list(SPECIES)
@@ -312,12 +313,7 @@ def test_regress_reads_raw_features_over_grpc_and_rest(
     if list(family.expected) != ["height"]:
         pytest.skip("Regress answers for a model with one regression output")
     expected = family.expected["height"][:, 0]
-    request = regression_pb2.RegressionRequest()
-    request.model_spec.name = family.name
-    raw_examples(family, request.input)
-    with grpc.insecure_channel(gateway.grpc_target) as channel:
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        response = stub.Regress(request, timeout=30)
+    response = send_examples(family, gateway, regression_pb2.RegressionRequest(), "Regress")
     answers = [regression.value for regression in response.result.regressions]
     np.testing.assert_allclose(answers, expected, rtol=1e-5, atol=1e-5)
 
