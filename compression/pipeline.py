@@ -52,6 +52,7 @@ from compression.publish import Source, publish_compressed
 from compression.report import BASELINE, FAILED, PASSED, Report, ReportFiles, Row, write_report
 from compression.result import CompressedModel
 from compression.strip import strip_for_serving
+from contracts.metric_values import non_finite
 from contracts.model_manifest import validate_model_name
 
 REFERENCE_METHOD = "float32"
@@ -328,8 +329,17 @@ def gate(
     """(status, worst accuracy drop in points, note) of one result against the baseline.
 
     Each classification head may lose at most ``max_drop`` points; a model without
-    classification heads has no accuracy to lose and passes on accuracy.
+    classification heads has no accuracy to lose and passes on accuracy. A result whose
+    accuracy or mean absolute error is not finite (NaN outputs, say) fails.
     """
+    unmeasured = [
+        f"{figure} of {head!r} is {non_finite(value)}"
+        for figure, values in (("accuracy", evaluation.accuracy), ("mae", evaluation.mae))
+        for head, value in values.items()
+        if non_finite(value) is not None
+    ]
+    if unmeasured:
+        return FAILED, None, f"{'; '.join(unmeasured)}, not a number to judge"
     drops = {
         head: 100.0 * (accuracy - evaluation.accuracy.get(head, 0.0))
         for head, accuracy in baseline.accuracy.items()

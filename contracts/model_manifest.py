@@ -35,6 +35,7 @@ from typing import Any
 
 from contracts.atomic_files import write_json_atomically
 from contracts.digests import file_entry, file_sha256
+from contracts.metric_values import json_metrics
 
 MANIFEST_FILE = "slipway.json"
 FORMAT = "slipway.model/1"
@@ -223,6 +224,8 @@ def write_model_manifest(directory: str | Path, manifest: Mapping[str, Any]) -> 
         "created": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     merged = {**defaults, **manifest}
+    if isinstance(merged.get("metrics"), Mapping):
+        merged["metrics"] = json_metrics(merged["metrics"])  # JSON holds no inf or NaN
     if "files" not in merged:
         merged["files"] = file_checksums(directory)
     ordered = {key: merged[key] for key in _ORDER if key in merged}

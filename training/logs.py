@@ -15,6 +15,7 @@ from typing import Any
 import tensorflow as tf
 import tf_keras as keras
 
+from contracts.metric_values import json_metrics
 from training.launcher import HEARTBEAT_ENV, write_heartbeat
 
 # Eager summary writes cost milliseconds; training scalars reach TensorBoard at most this
@@ -45,8 +46,8 @@ class RunLog:
     def scalars(self, step: int, values: dict[str, float], *, kind: str = "train") -> None:
         if not self.is_chief:
             return
-        record = {"kind": kind, "step": step, "time": round(time.time(), 3), **values}
-        self._jsonl.write(json.dumps(record) + "\n")
+        record = json_metrics({"kind": kind, "step": step, "time": round(time.time(), 3), **values})
+        self._jsonl.write(json.dumps(record, allow_nan=False) + "\n")
         self._jsonl.flush()
         now = time.monotonic()
         if kind == "train" and now - self._last_summary < SUMMARY_INTERVAL_SECONDS:

@@ -47,6 +47,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from contracts.atomic_files import write_json_atomically
+from contracts.metric_values import from_json_metrics, json_metrics, non_finite, shown
 from research.experiments.task import ExperimentTask
 from research.models.placement import pipeline_stages
 from training.checkpoints import latest_committed_step
@@ -264,7 +265,7 @@ def _record_publication(task: ExperimentTask, outcome: TrainOutcome) -> None:
             "version": version,
             "directory": str(directory),
             "precision": outcome.precision,
-            "metrics": outcome.metrics,
+            "metrics": json_metrics(outcome.metrics),
         },
     )
 
@@ -291,7 +292,7 @@ def _finished_publication(task: ExperimentTask) -> TrainOutcome | None:
         exit_code=EXIT_OK,
         step=step,
         precision=str(record.get("precision", "")),
-        metrics=record.get("metrics") or {},
+        metrics=from_json_metrics(record.get("metrics") or {}),
         published=(version, directory),
     )
 
@@ -327,8 +328,16 @@ def _report(outcome: TrainOutcome) -> None:
         soft_wrap=True,
     )
     for split, values in outcome.metrics.items():
-        shown = ", ".join(f"{k}={v:.4g}" for k, v in values.items() if k != "examples")
-        console.print(f"  {split}: {shown}", soft_wrap=True)
+        text = ", ".join(f"{k}={shown(v)}" for k, v in values.items() if k != "examples")
+        console.print(f"  {split}: {text}", soft_wrap=True)
+        unmeasured = [k for k, v in values.items() if non_finite(v) is not None]
+        if unmeasured:
+            console.print(
+                f"  [yellow]warning:[/] {split} {', '.join(unmeasured)} not finite: recorded "
+                "as null under metrics.non_finite in slipway.json (a label or input far out "
+                "of range, or a diverged model)",
+                soft_wrap=True,
+            )
     if outcome.published is not None:
         version, directory = outcome.published
         console.print(f"published version {version}: {directory}", soft_wrap=True)

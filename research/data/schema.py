@@ -201,6 +201,8 @@ def _number(value: Any, dtype: str, *, nan_is_missing: bool) -> int | float | No
         if nan_is_missing:
             return None  # NaN is how numpy and pandas write "missing"
         raise _Unfit("NaN")
+    if isinstance(number, float) and math.isinf(number):
+        raise _Unfit(f"not finite ({number})")  # nothing a model can learn from or scale by
     if dtype == "int64":
         if isinstance(number, float) and not number.is_integer():
             raise _Unfit("not a whole number")

@@ -185,6 +185,14 @@ def test_gate_marks_a_drop_beyond_the_limit_failed(baseline) -> None:
     assert gate(baseline, failing, max_drop=2.5)[0] == PASSED
 
 
+@pytest.mark.parametrize("figure", ["accuracy", "mae"])
+def test_gate_fails_a_result_whose_figures_are_not_finite(baseline, figure: str) -> None:
+    broken = dataclasses.replace(baseline, **{figure: {"label": float("nan")}})
+    status, drop, note = gate(baseline, broken, max_drop=100.0)
+    assert (status, drop) == (FAILED, None)
+    assert f"{figure} of 'label' is nan" in note
+
+
 def test_a_failing_result_is_marked_and_never_published(
     mlp_source: SourceModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

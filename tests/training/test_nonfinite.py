@@ -139,3 +139,48 @@ def test_a_preemption_inside_a_run_of_skipped_updates_commits_nothing(
     assert outcome.exit_code == EXIT_PREEMPTED and outcome.step == 8
     assert committed_steps(tmp_path / "run" / "checkpoints")[0] == 6
     assert "preempted (SIGTERM); no checkpoint saved (not finite)" in events(tmp_path / "run")
+
+
+def test_a_held_out_loss_that_is_not_finite_is_published_as_null_with_its_reason(
+    tmp_path, monkeypatch, capsys
+):
+    """Held-out labels far out of float32's range square to infinity (the model is fine):
+    the run publishes, and ``slipway.json``, ``metrics.jsonl`` and the screen say which
+    figures are not finite."""
+    from contracts.features import FeatureSpec
+    from tests.support.cli import slipway
+    from tests.support.records import write_dataset
+
+    rng = np.random.default_rng(0)
+    rows = [
+        {"x": rng.normal(size=3).tolist(), "y": float(rng.normal(10.0, 2.0))} for _ in range(48)
+    ]
+    features = [FeatureSpec("x", "numeric", shape=(3,)), FeatureSpec("y", "numeric", is_label=True)]
+    splits = {"train": [rows[:32]], "validation": [rows[32:40]], "test": [rows[40:]]}
+    write_dataset(tmp_path / "dataset", features, splits, labels=["y"])
+
+    original = ExperimentTask.build_inputs
+
+    def out_of_range(self, split, *, training=False, **kwargs):
+        data = original(self, split, training=training, **kwargs)
+        if training:
+            return data
+        return data.map(lambda features, labels: (features, {"y": labels["y"] * 1e30}))
+
+    monkeypatch.setattr(ExperimentTask, "build_inputs", out_of_range)
+    path = write_experiment(tmp_path, tmp_path / "dataset", training__steps=2, data__batch_size=8)
+    assert slipway("train", path, "--quiet") == 0
+
+    (version,) = (tmp_path / "models" / "mlp").iterdir()
+    metrics = json.loads((version / "slipway.json").read_text())["metrics"]
+    assert metrics["test"]["loss"] is None and metrics["test"]["examples"] == 8
+    assert metrics["test"]["y_mae"] > 1e29  # large, and finite: kept
+    assert metrics["non_finite"]["test.loss"] == "inf"
+    assert metrics["non_finite"]["validation.loss"] == "inf"
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    held_out = [row for row in rows if row["kind"] not in ("train", "event")]
+    assert held_out and all(row["loss"] is None for row in held_out)
+    assert all(row["non_finite"]["loss"] == "inf" for row in held_out)
+    out = capsys.readouterr().out
+    assert "loss=inf (not finite)" in out
+    assert "recorded as null under metrics.non_finite" in out
