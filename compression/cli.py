@@ -111,6 +111,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     compress.add_argument("--split", default="test", help="split to evaluate on (default: test)")
     compress.add_argument("--name", help="model name in --out (default: the source model's)")
     compress.add_argument(
+        "--allow-contract-change",
+        action="store_true",
+        help="publish even if the result's inputs or outputs (names, dtypes, shapes) differ "
+        "from the newest version in --out, which clients of that version would notice",
+    )
+    compress.add_argument(
         "--latency-runs", type=int, default=200, help="timed batch-1 runs per artifact"
     )
     compress.set_defaults(handler=run_compress)
@@ -157,6 +163,7 @@ def run_compress(args: argparse.Namespace) -> int:
         publish=args.publish,
         repository=args.out,
         model_name=args.name,
+        allow_contract_change=args.allow_contract_change,
     )
     report_dir = args.report_dir or _default_report_dir(args.model)
     with console.status("starting…") as status:

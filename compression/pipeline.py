@@ -54,6 +54,7 @@ from compression.result import CompressedModel
 from compression.strip import strip_for_serving
 from contracts.metric_values import non_finite
 from contracts.model_manifest import validate_model_name
+from contracts.serving_contract import ContractChangeError
 
 REFERENCE_METHOD = "float32"
 AUTO = "auto"
@@ -259,6 +260,7 @@ class CompressOptions:
     publish: str | None = None
     repository: Path | None = None
     model_name: str | None = None
+    allow_contract_change: bool = False
 
     def __post_init__(self) -> None:
         methods = parse_methods(self.methods)
@@ -444,17 +446,22 @@ def compress(
         return run
     method = chosen.compressed.method
     progress(f"{method}: publishing into {options.repository}")
-    run.published = publish_compressed(
-        chosen.compressed,
-        chosen.row.evaluation,
-        source=source,
-        data_manifest=data_manifest,
-        dataset_dir=dataset_dir,
-        split=options.split,
-        repository=options.repository,
-        model_name=options.model_name,
-        compression=_gate_record(chosen.row, options, files),
-    )
+    try:
+        run.published = publish_compressed(
+            chosen.compressed,
+            chosen.row.evaluation,
+            source=source,
+            data_manifest=data_manifest,
+            dataset_dir=dataset_dir,
+            split=options.split,
+            repository=options.repository,
+            model_name=options.model_name,
+            compression=_gate_record(chosen.row, options, files),
+            allow_contract_change=options.allow_contract_change,
+        )
+    except ContractChangeError as exc:
+        run.refusal = f"{method}: {exc}"
+        return run
     version, path = run.published
     run.report = replace(
         report, published={"method": method, "version": version, "path": str(path)}

@@ -21,6 +21,7 @@ from compression.result import CompressedModel
 from contracts.dataset_manifest import Manifest
 from contracts.model_manifest import PREPROCESSING_DIR, write_model_manifest
 from contracts.model_repository import publish_version
+from contracts.serving_contract import check_contract, latest_signature, with_class_name_outputs
 from research.preprocessing.preprocessor import FeaturePreprocessor
 from training.export import git_commit, save_preprocessing, save_serving_model
 from training.publish import class_names
@@ -52,6 +53,9 @@ class Source:
             "metrics": self.loaded.manifest.get("metrics"),
             "provenance": self.loaded.manifest.get("provenance"),
         }
+
+
+OVERRIDE_FLAG = "--allow-contract-change"
 
 
 def flat_metrics(evaluation: Evaluation) -> dict[str, float]:
@@ -95,13 +99,23 @@ def publish_compressed(
     repository: str | Path,
     model_name: str | None = None,
     compression: dict[str, Any] | None = None,
+    allow_contract_change: bool = False,
 ) -> tuple[int, Path]:
     """Write ``compressed`` as ``<repository>/<model_name>/<next version>/``.
 
     ``model_name`` defaults to the source model's name; ``compression`` adds to the
-    manifest's ``compression`` section (the accuracy gate, the report's location).
+    manifest's ``compression`` section (the accuracy gate, the report's location). The
+    version must keep the serving contract of the newest version already published
+    under that name (else of the source version): ``ContractChangeError`` names each
+    difference, unless ``allow_contract_change``.
     """
     name = model_name or source.name
+    published = latest_signature(Path(repository), name)
+    stable, against = (
+        (published[1], f"{name} version {published[0]}")
+        if published is not None
+        else (source.loaded.manifest["signature"], f"the source version {source.version}")
+    )
     tflite_signature = TFLiteRunner(compressed.tflite).signature()
     labels = source.loaded.manifest.get("labels", {})
     # The version is served as its source is: raw where the source preprocesses in graph.
@@ -128,6 +142,10 @@ def publish_compressed(
             signature = {**tflite_signature, "inputs": inputs}
         else:
             signature = tflite_signature
+        # The gateway answers a TFLite core's class names from the labels, as a SavedModel.
+        signature = with_class_name_outputs(signature, labels)
+        if not allow_contract_change:
+            check_contract(stable, signature, against=against, override=OVERRIDE_FLAG)
         (directory / TFLITE_FILE).write_bytes(compressed.tflite)
         write_model_manifest(
             directory,

@@ -117,7 +117,8 @@ def _register_publish(subparsers: argparse._SubParsersAction) -> None:
         "slipway.json beside it (SHA-256 of every file and the signature) and rename the "
         "copy into place, so a gateway sees the whole version or nothing. The source "
         "directory is not changed. Exit 2 when it is not a SavedModel with a "
-        "serving_default signature or the version exists.",
+        "serving_default signature, the version exists, or its inputs or outputs differ "
+        "from the model's newest version (each difference named).",
     )
     publish.add_argument(
         "saved_model_dir",
@@ -142,6 +143,12 @@ def _register_publish(subparsers: argparse._SubParsersAction) -> None:
         metavar="MODEL_ROOT",
         help="Model repository to publish into (created if missing). Default: %(default)s.",
     )
+    publish.add_argument(
+        "--allow-contract-change",
+        action="store_true",
+        help="Publish even if its inputs or outputs (names, dtypes, shapes) differ from the "
+        "model's newest version, which that version's clients would notice.",
+    )
     publish.set_defaults(handler=run_publish)
 
 
@@ -149,7 +156,11 @@ def run_publish(args: argparse.Namespace) -> int:
     from serving.publish import publish_saved_model
 
     version, path = publish_saved_model(
-        args.saved_model_dir, args.model_root, args.model, version=args.version
+        args.saved_model_dir,
+        args.model_root,
+        args.model,
+        version=args.version,
+        allow_contract_change=args.allow_contract_change,
     )
     print(f"published {args.model} version {version} at {path}")
     return 0
@@ -246,9 +257,10 @@ def __getattr__(name: str) -> Any:
     """``USER_ERRORS``, imported only when asked for: the modules defining these errors
     import TensorFlow, and ``slipway --help`` must stay instant."""
     if name == "USER_ERRORS":
+        from contracts.serving_contract import ContractChangeError
         from contracts.yaml_config import ConfigError
         from serving.errors import StartupError
         from serving.publish import PublishInputError
 
-        return (ConfigError, StartupError, PublishInputError)
+        return (ConfigError, StartupError, PublishInputError, ContractChangeError)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,6 +29,7 @@ from contracts.model_manifest import (
     write_model_manifest,
 )
 from contracts.model_repository import publish_version
+from contracts.serving_contract import check_contract, latest_signature
 
 SERVE_TAG = "serve"
 
@@ -81,12 +82,15 @@ def publish_saved_model(
     model_name: str,
     *,
     version: int | None = None,
+    allow_contract_change: bool = False,
 ) -> tuple[int, Path]:
     """Publish ``saved_model_dir`` as ``<model_root>/<model_name>/<version>`` (the next
     free number when None) with a ``slipway.json``; return the version and its path.
 
     A ``slipway.json`` already in the directory is kept (its labels, metrics and
-    provenance) if its files match it; the name it gets is ``model_name``.
+    provenance) if its files match it; the name it gets is ``model_name``. The version
+    must keep the serving contract of the model's newest version, if it has one
+    (``ContractChangeError`` names each difference), unless ``allow_contract_change``.
     """
     source = Path(saved_model_dir)
     try:
@@ -96,6 +100,14 @@ def publish_saved_model(
     if version is not None and version < 1:
         raise PublishInputError(f"--version must be a positive integer, got {version}")
     signature = read_serving_signature(source)
+    published = latest_signature(model_root, model_name)
+    if published is not None and not allow_contract_change:
+        check_contract(
+            published[1],
+            signature,
+            against=f"{model_name} version {published[0]}",
+            override="--allow-contract-change",
+        )
     problems = unsafe_links(source)
     if problems:
         raise PublishInputError(f"{source}: {'; '.join(problems)}")

@@ -42,6 +42,7 @@ from compression.result import CompressedModel
 from contracts.dataset_manifest import load_manifest
 from contracts.model_manifest import MANIFEST_FILE, verify_model_dir, write_model_manifest
 from contracts.model_repository import publish_version
+from contracts.serving_contract import contract_differences
 from research.data.input_pipeline import make_dataset
 from serving.backends import open_backend
 from tests.support.compression_models import SourceModel
@@ -298,12 +299,53 @@ def test_integer_only_result_is_published_as_tflite(
     )
     backend = open_backend(path)
     try:
-        answer = backend.run("serving_default", {"pixels": raw["pixels"].numpy()})["label"]
+        answers = backend.run("serving_default", {"pixels": raw["pixels"].numpy()})
+        served_signature = backend.signatures["serving_default"]
     finally:
         backend.close()
     runner = TFLiteRunner(run.outcomes["int8"].compressed.tflite)
     direct = runner.invoke(runner.feed({"pixels": run.data.features["pixels"][:16]}))["label"]
-    np.testing.assert_allclose(answer, direct, atol=1e-6)
+    np.testing.assert_allclose(answers["label"], direct, atol=1e-6)
+
+    # the float version's serving contract, class names included, kept to the letter
+    source = json.loads((mlp_source.version_dir / MANIFEST_FILE).read_text())["signature"]
+    assert manifest["signature"]["outputs"] == source["outputs"]
+    assert contract_differences(source, manifest["signature"]) == []
+    assert sorted(served_signature.outputs) == ["label", "label_classes"]
+    assert answers["label_classes"].shape == (16, 10)
+    assert answers["label_classes"][3].tolist() == [str(i).encode() for i in range(10)]
+
+
+def test_a_result_whose_contract_differs_from_the_newest_version_is_not_published(
+    mlp_source: SourceModel, tmp_path: Path
+) -> None:
+    """The repository's newest version answers ``label`` as ``[-1, 12]`` and has no
+    ``label_classes``: publishing int8 there would change what its clients get."""
+    newest = tmp_path / "repo" / "mlp" / "3"
+    shutil.copytree(mlp_source.version_dir, newest)
+    manifest = json.loads((newest / MANIFEST_FILE).read_text())
+    manifest["signature"]["outputs"] = {"label": {"dtype": "float32", "shape": [-1, 12]}}
+    (newest / MANIFEST_FILE).write_text(json.dumps(manifest))
+
+    run = compress(
+        mlp_source.version_dir,
+        mlp_source.dataset_dir,
+        options(tmp_path, ["int8"], publish="int8", max_accuracy_drop=5.0),
+        tmp_path / "report",
+    )
+    assert run.published is None
+    assert run.refusal == (
+        "int8: the serving contract differs from mlp version 3: output 'label_classes' is new; "
+        "output 'label' shape [-1, 12] -> [-1, 10] (clients of that version would break; "
+        "--allow-contract-change publishes it anyway)"
+    )
+    assert versions(tmp_path / "repo") == [newest]
+
+    allowed = options(
+        tmp_path, ["int8"], publish="int8", max_accuracy_drop=5.0, allow_contract_change=True
+    )
+    run = compress(mlp_source.version_dir, mlp_source.dataset_dir, allowed, tmp_path / "again")
+    assert run.published is not None and run.published[0] == 4
 
 
 # -- bad input ------------------------------------------------------------------------

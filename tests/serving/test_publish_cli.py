@@ -123,3 +123,27 @@ def test_a_bad_model_name_is_exit_2(plain_saved_model: Path, tmp_path: Path) -> 
     assert (
         main(["publish", str(plain_saved_model), "--model", "../x", "--model-root", str(root)]) == 2
     )
+
+
+def test_a_version_that_would_change_the_models_contract_is_exit_2_naming_each_change(
+    plain_saved_model: Path,
+    tmp_path: Path,
+    serving_model: ServingModel,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    root = tmp_path / "models"
+    args = ["--model", MODEL, "--model-root", str(root)]
+    assert main(["publish", str(serving_model.saved_model_dir), *args]) == 0
+    capsys.readouterr()
+
+    assert main(["publish", str(plain_saved_model), *args]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert f"the serving contract differs from {MODEL} version 1:" in error
+    for inputs in serving_model.signature_json()["inputs"]:
+        assert f"input {inputs!r} is missing" in error
+    assert "input 'x' is new" in error and "output 'y' is new" in error
+    assert "--allow-contract-change publishes it anyway" in error
+    assert sorted(p.name for p in (root / MODEL).iterdir()) == ["1"]
+
+    assert main(["publish", str(plain_saved_model), *args, "--allow-contract-change"]) == 0
+    assert sorted(p.name for p in (root / MODEL).iterdir()) == ["1", "2"]
