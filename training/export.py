@@ -12,6 +12,7 @@ complete, checksummed version.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -193,7 +194,7 @@ def save_serving_model(
             model, preprocessor, class_names, as_given=images
         )
     output_names = list(function.get_concrete_function().structured_outputs)
-    with _tracked(model, preprocessor):
+    with _tracked(model, preprocessor), _without_compile_warning():
         model.save(str(directory), save_format="tf", include_optimizer=False, signatures=signatures)
     signature = tf.saved_model.load(str(directory)).signatures[SIGNATURE_KEY]
     loaded_inputs = signature.structured_input_signature[1]
@@ -258,6 +259,32 @@ def save_preprocessing(preprocessor: FeaturePreprocessor, directory: str | Path)
             name: _describe(output) for name, output in concrete.structured_outputs.items()
         },
     }
+
+
+class _CompileWarningFilter(logging.Filter):
+    """Drops Keras' "compiled metrics have yet to be built" warning.
+
+    Keras' SavedModel writer logs it for every model that was never compiled, which is
+    every model a trainer with its own loop exports: a warning about nothing, twice per
+    export, on the screen of every ``slipway train``.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(COMPILE_WARNING)
+
+
+COMPILE_WARNING = "Compiled the loaded model, but the compiled metrics have yet to be built"
+
+
+@contextlib.contextmanager
+def _without_compile_warning() -> Iterator[None]:
+    logger = tf.get_logger()
+    quiet = _CompileWarningFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 @contextlib.contextmanager
