@@ -13,7 +13,13 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from serving.errors import DeadlineExceeded, NotFound
+from serving.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    NotFound,
+    ServingError,
+    as_serving_error,
+)
 from serving.signature import Signature
 
 
@@ -47,3 +53,20 @@ def check_deadline(timeout: float | None) -> None:
     """Refuse to start work whose deadline has already passed (it cannot be interrupted)."""
     if timeout is not None and timeout <= 0:
         raise DeadlineExceeded("deadline exceeded before the model ran")
+
+
+def model_failure(exc: BaseException, inputs: Mapping[str, np.ndarray]) -> ServingError:
+    """What a client is told when the model itself failed on ``inputs``.
+
+    Inputs whose first dimensions differ are allowed through (TF Serving's columnar
+    format permits it, and a model may take them); when the model then fails, the cause
+    is almost always that, so the answer names each input's size as TF Serving's
+    batching does, instead of the graph error of whichever op met the mismatch first.
+    """
+    sizes = {name: array.shape[0] for name, array in inputs.items() if np.ndim(array) >= 1}
+    if len(set(sizes.values())) > 1:
+        listed = ", ".join(f"{name!r} has {size}" for name, size in sizes.items())
+        return InvalidArgument(
+            f"input tensors must have equal 0th-dimension size (the number of rows): {listed}"
+        )
+    return as_serving_error(exc)

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from serving.backends.base import check_deadline, find_signature
-from serving.errors import InvalidArgument, Unavailable, as_serving_error
+from serving.backends.base import check_deadline, find_signature, model_failure
+from serving.errors import InvalidArgument, Unavailable
 from serving.model_files import SAVED_MODEL_FILE
 from serving.signature import PREDICT_METHOD, Signature, TensorSpec
 
@@ -63,7 +63,7 @@ class SavedModelBackend:
         except TypeError as exc:
             raise InvalidArgument(f"signature {signature_name!r}: {exc}") from None
         except Exception as exc:
-            raise as_serving_error(exc) from exc
+            raise model_failure(exc, inputs) from exc
         return {name: tensor.numpy() for name, tensor in outputs.items()}
 
     def close(self) -> None:

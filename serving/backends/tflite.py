@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from serving.backends.base import check_deadline, find_signature
-from serving.errors import InvalidArgument, Unavailable, as_serving_error
+from serving.backends.base import check_deadline, find_signature, model_failure
+from serving.errors import InvalidArgument, Unavailable
 from serving.model_files import TFLITE_FILE
 from serving.signature import Signature, TensorSpec
 
@@ -88,7 +88,7 @@ class TFLiteBackend:
         try:
             return dict(runner(**feed))
         except Exception as exc:
-            raise as_serving_error(exc) from exc
+            raise model_failure(exc, feed) from exc
 
     def close(self) -> None:
         with self._lock:

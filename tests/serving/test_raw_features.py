@@ -331,3 +331,22 @@ def test_regress_reads_raw_features_over_grpc_and_rest(
     assert status == 200, answer
     np.testing.assert_allclose(answer["results"], expected, rtol=1e-5, atol=1e-5)
     assert abs(float(np.mean(expected)) - 30.0) < 3 * 5.0  # in the label's units, around its mean
+
+
+def test_columns_of_different_lengths_are_refused_naming_each_inputs_rows(
+    family: Family, gateway: GatewayThread
+) -> None:
+    """The model's raw graph error (a ConcatOp deep in preprocessing) is not an answer."""
+    if family.name != "mlp":
+        pytest.skip("one tabular model shows it")
+    features = family.task.manifest.features
+    columns = {
+        name: [json_value(features[name], np.asarray(v).tolist()) for v in tensor.numpy()]
+        for name, tensor in family.raw.items()
+    }
+    columns["sepal"] = columns["sepal"][:2]
+    status, answer = http(gateway, "POST", f"/v1/models/{family.name}:predict", {"inputs": columns})
+    assert status == 400, answer
+    assert "must have equal 0th-dimension size" in answer["error"]
+    assert "'sepal' has 2" in answer["error"] and f"'petal' has {ROWS}" in answer["error"]
+    assert "ConcatOp" not in answer["error"] and "Graph execution" not in answer["error"]
