@@ -11,6 +11,7 @@ import dataclasses
 import gzip
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -37,12 +38,13 @@ from compression.pipeline import (
     compress,
     gate,
 )
+from compression.publish import publish_compressed
 from compression.report import FAILED, PASSED
 from compression.result import CompressedModel
 from contracts.dataset_manifest import load_manifest
 from contracts.model_manifest import MANIFEST_FILE, verify_model_dir, write_model_manifest
 from contracts.model_repository import publish_version
-from contracts.serving_contract import contract_differences
+from contracts.serving_contract import ContractChangeError, contract_differences
 from research.data.input_pipeline import make_dataset
 from serving.backends import open_backend
 from tests.support.compression_models import SourceModel
@@ -341,11 +343,20 @@ def test_a_result_whose_contract_differs_from_the_newest_version_is_not_publishe
     )
     assert versions(tmp_path / "repo") == [newest]
 
-    allowed = options(
-        tmp_path, ["int8"], publish="int8", max_accuracy_drop=5.0, allow_contract_change=True
+    outcome = run.outcomes["int8"]
+    published = partial(
+        publish_compressed,
+        outcome.compressed,
+        outcome.row.evaluation,
+        source=run.source,
+        data_manifest=load_manifest(mlp_source.dataset_dir),
+        dataset_dir=mlp_source.dataset_dir,
+        split="test",
+        repository=tmp_path / "repo",
     )
-    run = compress(mlp_source.version_dir, mlp_source.dataset_dir, allowed, tmp_path / "again")
-    assert run.published is not None and run.published[0] == 4
+    with pytest.raises(ContractChangeError, match="output 'label_classes' is new"):
+        published()
+    assert published(allow_contract_change=True)[0] == 4
 
 
 # -- bad input ------------------------------------------------------------------------
