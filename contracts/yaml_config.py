@@ -10,8 +10,11 @@ mistakes the same way.
 
 from __future__ import annotations
 
+import difflib
+import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 import pydantic
 import yaml
@@ -39,9 +42,15 @@ _OWN_MESSAGE_TYPES = ("value_error", "assertion_error")
 
 
 class StrictModel(BaseModel):
-    """Base for config sections: unknown keys are errors, not silently ignored."""
+    """Base for config sections: unknown keys are errors, not silently ignored.
+
+    An unknown key is answered with the section's closest key ("did you mean"), and a
+    section lists the keys it once had in ``removed_keys`` (key -> what to write now), so
+    a file written for an older release gets a migration hint instead of a puzzle.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    removed_keys: ClassVar[dict[str, str]] = {}
 
 
 class ConfigError(ValueError):
@@ -61,12 +70,13 @@ def _line_map(node: yaml.Node, path: tuple[Any, ...], lines: KeyLines) -> None:
             _line_map(item, (*path, index), lines)
 
 
-def _describe(error: dict[str, Any]) -> str:
-    """Turn one pydantic error into 'expected X, got Y' wording where we can."""
+def _describe(error: dict[str, Any], sections: list[type[BaseModel]]) -> str:
+    """Turn one pydantic error into 'expected X, got Y' wording where we can;
+    ``sections`` are the config classes the error's key may belong to."""
     kind = error["type"]
     received = error.get("input")
     if kind == "extra_forbidden":
-        return "unknown key"
+        return _unknown_key(str(error["loc"][-1]), sections)
     if kind == "missing":
         return "required key is missing"
     expected = _EXPECTED_BY_ERROR_TYPE.get(kind)
@@ -81,15 +91,63 @@ def _describe(error: dict[str, Any]) -> str:
     return f"{message}, got {received!r}"
 
 
-def _format_errors(exc: pydantic.ValidationError, data: Any, source: str, lines: KeyLines) -> str:
+def _format_errors(
+    exc: pydantic.ValidationError, data: Any, source: str, lines: KeyLines, model: type[BaseModel]
+) -> str:
     messages = []
     for error in exc.errors():
         loc = _path_in_data(error["loc"], data)
         dotted = ".".join(str(part) for part in loc) or "<root>"
         line = _nearest_line(loc, lines)
         where = f"{source}:{line}" if line else source
-        messages.append(f"{where}: {dotted}: {_describe(error)}")
+        sections = _sections(model, error["loc"][:-1])
+        messages.append(f"{where}: {dotted}: {_describe(error, sections)}")
     return "\n".join(messages)
+
+
+def _unknown_key(key: str, sections: list[type[BaseModel]]) -> str:
+    """'unknown key', with what replaced a removed key or the closest known one."""
+    for section in sections:
+        removed = getattr(section, "removed_keys", {})
+        if key in removed:
+            return f"unknown key: removed; {removed[key]}"
+    known = sorted(
+        {name for section in sections for name in section.model_fields}
+        | {f.alias for section in sections for f in section.model_fields.values() if f.alias}
+    )
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f"unknown key; did you mean {close[0]!r}?" if close else "unknown key"
+
+
+def _sections(model: type[BaseModel], loc: tuple[Any, ...]) -> list[type[BaseModel]]:
+    """The config classes that ``loc`` (an error's location, less its last key) may end
+    in. Parts that name no field (list indexes, mapping keys, union tags) stay put."""
+    current = _models_in(model)
+    for part in loc:
+        following = [
+            found
+            for section in current
+            for name, field in section.model_fields.items()
+            if part in (name, field.alias)
+            for found in _models_in(field.annotation)
+        ]
+        if following:
+            current = following
+    return current
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The config classes a field's annotation holds, through unions, lists and mappings."""
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.RootModel):
+        return _models_in(annotation.model_fields["root"].annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    arguments = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (dict, Mapping):
+        arguments = arguments[1:]
+    elif typing.get_origin(annotation) is Annotated:
+        arguments = arguments[:1]
+    return [found for argument in arguments for found in _models_in(argument)]
 
 
 def _path_in_data(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
@@ -155,7 +213,7 @@ def parse_model(
     try:
         return model.model_validate(data if data is not None else {})
     except pydantic.ValidationError as exc:
-        raise ConfigError(_format_errors(exc, data, source, lines)) from None
+        raise ConfigError(_format_errors(exc, data, source, lines, model)) from None
 
 
 def load_yaml_model(path: str | Path, model: type[ModelT]) -> ModelT:

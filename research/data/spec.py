@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -274,6 +274,12 @@ class SplitSpec(StrictModel):
 
 class VocabSpec(StrictModel):
     """A sentencepiece model per text field, learned from the training split."""
+
+    removed_keys: ClassVar[dict[str, str]] = {
+        "min_frequency": "sentencepiece keeps the pieces that best cover the training text, "
+        "without a frequency cut-off: set vocab.size (fewer pieces drop the rarest) and "
+        "vocab.character_coverage instead",
+    }
 
     fields: list[str] | None = Field(
         default=None, description="default: every text field not read as words"

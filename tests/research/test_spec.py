@@ -27,7 +27,20 @@ def test_source_type_errors_name_the_source_key(tmp_path):
     path = write_spec(
         tmp_path, "name: t\nsources:\n  - type: csv\n    path: data.csv\n    delimeter: ';'\n"
     )
-    with pytest.raises(ConfigError, match=r"spec.yaml:5: sources.0.delimeter: unknown key"):
+    with pytest.raises(
+        ConfigError,
+        match=r"spec.yaml:5: sources.0.delimeter: unknown key; did you mean 'delimiter'\?",
+    ):
+        load_spec(path)
+
+
+def test_an_old_vocabulary_key_says_what_replaced_it(tmp_path):
+    path = write_spec(
+        tmp_path, "name: t\nsources:\n  - {type: csv, path: data.csv}\nvocab: {min_frequency: 2}\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"vocab.min_frequency: unknown key: removed; .*vocab.size"
+    ):
         load_spec(path)
 
 
