@@ -253,6 +253,12 @@ def cell(text: str) -> str:
     return " ".join(text.split()).replace("<", "&lt;").replace("|", "\\|")
 
 
+def _declares_keys(cls: type, owner: type) -> bool:
+    """Whether ``cls`` annotates one of ``owner``'s config keys (a ``ClassVar`` is none)."""
+    keys = getattr(owner, "model_fields", {})
+    return any(name in keys for name in vars(cls).get("__annotations__", {}))
+
+
 def docstring(owner: type) -> str | None:
     """The docstrings of a class and of the bases that declare some of its keys, as
     Markdown (None when none has one): a family's config says what it adds, the shape
@@ -261,7 +267,7 @@ def docstring(owner: type) -> str | None:
         inspect.cleandoc(cls.__dict__["__doc__"])
         for cls in owner.__mro__
         if cls.__dict__.get("__doc__")
-        and (cls is owner or vars(cls).get("__annotations__"))
+        and (cls is owner or _declares_keys(cls, owner))
         and cls.__module__ not in ("builtins", "pydantic.main", "pydantic.root_model")
     ]
     text = "\n\n".join(texts)
