@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.model_manifest import CLASSES_SUFFIX, read_model_manifest
+from contracts.model_repository import existing_versions
 
 
 class ContractChangeError(ValueError):
@@ -78,13 +79,7 @@ def check_contract(
 def latest_signature(model_root: str | Path, model_name: str) -> tuple[int, dict[str, Any]] | None:
     """The newest published version of ``model_name`` and its signature, if there is one."""
     directory = Path(model_root) / model_name
-    versions = (
-        sorted(
-            (int(path.name) for path in directory.iterdir() if path.name.isdigit()), reverse=True
-        )
-        if directory.is_dir()
-        else []
-    )
+    versions = existing_versions(directory)[::-1]
     for version in versions:
         manifest = read_model_manifest(directory / str(version))
         if manifest is not None and "signature" in manifest:

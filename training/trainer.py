@@ -122,13 +122,6 @@ def per_example_losses(losses: Mapping[str, keras.losses.Loss]) -> dict[str, ker
     return unreduced
 
 
-def per_example(losses: tf.Tensor) -> tf.Tensor:
-    """One loss per example: a sequence's token losses averaged, as a batch mean would."""
-    while losses.shape.rank and losses.shape.rank > 1:
-        losses = tf.reduce_mean(losses, axis=-1)
-    return losses
-
-
 def weighted_example_losses(
     losses: Mapping[str, keras.losses.Loss],
     weights: Mapping[str, float],
@@ -138,7 +131,7 @@ def weighted_example_losses(
     """Weighted sum of every head's loss (``per_example_losses``), one value per example."""
     total = None
     for name, loss in losses.items():
-        value = per_example(loss(labels[name], outputs[name]))
+        value = loss(labels[name], outputs[name])  # [batch]: every head's loss is per example
         value = tf.cast(value, tf.float32) * weights.get(name, 1.0)
         total = value if total is None else total + value
     return total
@@ -617,7 +610,7 @@ class Evaluation:
 
     def update(self, labels: Any, outputs: Any, mask: tf.Tensor) -> None:
         for name, loss in self._losses.items():
-            value = tf.cast(per_example(loss(labels[name], outputs[name])), tf.float32)
+            value = tf.cast(loss(labels[name], outputs[name]), tf.float32)
             self.loss_means[name].update_state(value, sample_weight=mask)
         for name, items in self.metrics.items():
             rank = labels[name].shape.rank
