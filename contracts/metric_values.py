@@ -8,6 +8,7 @@ reader can tell "not measured" from "measured, and not a number".
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -49,7 +50,7 @@ def json_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 def from_json_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """``json_metrics`` undone: each listed ``null`` is its non-finite number again."""
-    restored = {key: value for key, value in metrics.items() if key != NON_FINITE}
+    restored = copy.deepcopy({key: value for key, value in metrics.items() if key != NON_FINITE})
     for dotted, name in (metrics.get(NON_FINITE) or {}).items():
         *parents, key = dotted.split(".")
         values = restored
