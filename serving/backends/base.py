@@ -20,6 +20,7 @@ from serving.errors import (
     ServingError,
     as_serving_error,
 )
+from serving.backends.unreadable_images import unreadable_image
 from serving.signature import Signature
 
 
@@ -69,4 +70,7 @@ def model_failure(exc: BaseException, inputs: Mapping[str, np.ndarray]) -> Servi
         return InvalidArgument(
             f"input tensors must have equal 0th-dimension size (the number of rows): {listed}"
         )
+    image = unreadable_image(exc, inputs)
+    if image:
+        return InvalidArgument(image)
     return as_serving_error(exc)

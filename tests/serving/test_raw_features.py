@@ -350,3 +350,32 @@ def test_columns_of_different_lengths_are_refused_naming_each_inputs_rows(
     assert "must have equal 0th-dimension size" in answer["error"]
     assert "'sepal' has 2" in answer["error"] and f"'petal' has {ROWS}" in answer["error"]
     assert "ConcatOp" not in answer["error"] and "Graph execution" not in answer["error"]
+
+
+def test_an_image_the_model_cannot_decode_is_named_by_input_and_row(
+    family: Family, gateway: GatewayThread
+) -> None:
+    """Not TensorFlow's graph error: over gRPC and REST, and the next request still answers."""
+    if family.name != "cnn":
+        pytest.skip("the image family shows it")
+    photos = [bytes(value) for value in family.raw["photo"].numpy()]
+    photos[1] = photos[1][: len(photos[1]) // 2]
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = family.name
+    request.inputs["photo"].CopyFrom(tf.make_tensor_proto(np.array(photos, object)))
+    with grpc.insecure_channel(gateway.grpc_target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Predict(request, timeout=30)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details().startswith("input 'photo', row 1: a truncated or corrupt PNG")
+
+    rows = [{"photo": {"b64": base64.b64encode(photo).decode()}} for photo in photos[:1]]
+    rows.append({"photo": base64.b64encode(photos[0]).decode()})  # the wrapper forgotten
+    status, answer = http(gateway, "POST", f"/v1/models/{family.name}:predict", {"instances": rows})
+    assert status == 400, answer
+    assert answer["error"].startswith("input 'photo', row 1: base64 text, not image bytes")
+    assert "Graph execution" not in answer["error"]
+
+    status, answer = http(gateway, "POST", f"/v1/models/{family.name}:predict", {"instances": rows[:1]})
+    assert status == 200, answer
