@@ -88,6 +88,12 @@ $(PEERS_STAMP): pyproject.toml uv.lock $(UV_STAMP)
 image:
 	docker build -t slipway:latest .
 
+# Test runs keep bytecode caches even where the environment turns them off
+# (PYTHONDONTWRITEBYTECODE, common in containers): otherwise every worker and every process
+# a test starts compiles the project, and pytest rewrites every test module, from source
+# again, about 5 s of CPU each.
+test test-all: export PYTHONDONTWRITEBYTECODE =
+
 # The fast tier: unit tests and in-process integration, no child process, server process or
 # cluster (those carry the `process` marker). The 25 slowest tests are printed at the end.
 test: install
