@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from serving.backends.unreadable_images import unreadable_image
 from serving.errors import (
     DeadlineExceeded,
     InvalidArgument,
@@ -20,7 +21,6 @@ from serving.errors import (
     ServingError,
     as_serving_error,
 )
-from serving.backends.unreadable_images import unreadable_image
 from serving.signature import Signature
 
 

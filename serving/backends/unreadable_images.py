@@ -20,7 +20,14 @@ import numpy as np
 import tensorflow as tf
 
 # TensorFlow's image decoding ops; a graph error naming one of them is a decoding failure.
-DECODE_OPS = ("DecodeImage", "DecodePng", "DecodeJpeg", "DecodeAndCropJpeg", "DecodeGif", "DecodeBmp")
+DECODE_OPS = (
+    "DecodeImage",
+    "DecodePng",
+    "DecodeJpeg",
+    "DecodeAndCropJpeg",
+    "DecodeGif",
+    "DecodeBmp",
+)
 # The first bytes of each format ``tf.io.decode_image`` reads (BMP: see ``_format``).
 SIGNATURES = {
     b"\x89PNG\r\n\x1a\n": "PNG",

@@ -377,5 +377,7 @@ def test_an_image_the_model_cannot_decode_is_named_by_input_and_row(
     assert answer["error"].startswith("input 'photo', row 1: base64 text, not image bytes")
     assert "Graph execution" not in answer["error"]
 
-    status, answer = http(gateway, "POST", f"/v1/models/{family.name}:predict", {"instances": rows[:1]})
+    status, answer = http(
+        gateway, "POST", f"/v1/models/{family.name}:predict", {"instances": rows[:1]}
+    )
     assert status == 200, answer

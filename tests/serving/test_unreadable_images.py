@@ -21,7 +21,9 @@ def png(value: int = 7) -> bytes:
 def decode_all(photos: tf.Tensor) -> tf.Tensor:
     """Decodes as a researcher's own model might: a layer name that is not the input's."""
     return tf.map_fn(
-        lambda image: tf.image.resize(tf.io.decode_image(image, 1, expand_animations=False), [4, 4]),
+        lambda image: tf.image.resize(
+            tf.io.decode_image(image, 1, expand_animations=False), [4, 4]
+        ),
         photos,
         fn_output_signature=tf.float32,
     )
@@ -36,7 +38,10 @@ def failure(photos: list[bytes]) -> tf.errors.OpError:
 CASES = {
     "random bytes": (bytes(range(40)), "not a PNG/JPEG/GIF/BMP image"),
     "a truncated PNG": (png()[:30], "a truncated or corrupt PNG image (30 bytes)"),
-    "unwrapped base64": (base64.b64encode(png()), 'base64 text, not image bytes: send it as {"b64"'),
+    "unwrapped base64": (
+        base64.b64encode(png()),
+        'base64 text, not image bytes: send it as {"b64"',
+    ),
 }
 
 
@@ -59,9 +64,14 @@ def test_the_row_and_the_kind_of_bad_image_are_named(case: str) -> None:
 
 def test_an_input_named_by_the_failing_op_is_blamed_even_if_nothing_in_it_is_an_image() -> None:
     exc = tf.errors.InvalidArgumentError(
-        None, None, "Detected at node photo_decoded/map/while/DecodeImage: Unknown image file format"
+        None,
+        None,
+        "Detected at node photo_decoded/map/while/DecodeImage: Unknown image file format",
     )
-    inputs = {"caption": np.array([b"\x89PNG\r\n\x1a\n"], object), "photo": np.array([b"junk"], object)}
+    inputs = {
+        "caption": np.array([b"\x89PNG\r\n\x1a\n"], object),
+        "photo": np.array([b"junk"], object),
+    }
     assert unreadable_image(exc, inputs) == "input 'photo', row 0: not a PNG/JPEG/GIF/BMP image"
 
 
