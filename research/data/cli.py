@@ -85,14 +85,14 @@ def run_build(args: argparse.Namespace) -> int:
     from research.data.pipeline import build_dataset
     from research.data.quality import BuildRejectedError
     from research.data.report import render_report
-    from research.data.sources import skipped_files
+    from research.data.sources import source_notes
     from research.data.spec import load_spec
 
     spec = load_spec(args.spec)
     output = args.output or str(Path("datasets") / spec.name)
     started = time.monotonic()
     try:
-        for note in skipped_files(spec):
+        for note in source_notes(spec):
             errors.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
         with console.status(f"building dataset [bold]{spec.name}[/] with Apache Beam…"):
             result = build_dataset(

@@ -11,7 +11,13 @@ Options of a ``type: csv`` source (defaults in brackets):
 - ``comment`` [none]: lines starting with this text are ignored (``#``).
 - ``na_values`` [``""``, ``NA``, ``N/A``, ``n/a``, ``null``, ``?``, ``-``]: cells that,
   without their surrounding spaces, mean missing; they are read as missing values.
-- ``rename`` [none]: column -> field name, applied after ``names``.
+- ``rename`` [none]: column -> field name, applied after ``names``. ``"": NAME`` names
+  a column whose header cell is empty.
+
+pandas' ``DataFrame.to_csv()`` writes the frame's index as a first column with an empty
+header cell. Such a column, when its first rows hold increasing integers (0, 1, 2, …),
+is read as the row's index and left out of the records; ``rename: {"": NAME}`` keeps it
+as a field instead.
 
 A row whose width differs from the columns' is quarantined with its line. A file
 that the spec cannot read at all is refused before the build by ``csv_columns``, with
@@ -47,6 +53,7 @@ from research.data.reading import (
 from research.data.spec import CsvSource
 
 DEFAULT_COLUMN = "column_{}"  # names of the columns of a file without header or names
+INDEX_COLUMN = ""  # the column of pandas' index: read, and left out of the records
 ROWS_CHECKED = 20  # rows compared with the columns' width before the build
 _HEADER_PREVIEW_CHARS = 60
 
@@ -107,14 +114,27 @@ class _HeaderProblem(UnreadableFile):
 
 @dataclass
 class _Table:
-    columns: list[str]
+    columns: list[str]  # INDEX_COLUMN first when the file has pandas' index
     header: tuple[int, list[str]] | None  # the header row's line and cells
     rows: Iterator[tuple[int, Row]]  # the data rows
 
+    @property
+    def has_index(self) -> bool:
+        return bool(self.columns) and self.columns[0] == INDEX_COLUMN
 
-def _table(unit: SourceFile, lines: _Lines) -> _Table:
+    @property
+    def fields(self) -> list[str]:
+        """The columns that become fields of a record."""
+        return self.columns[1:] if self.has_index else self.columns
+
+
+def _table(unit: SourceFile, lines: _Lines, peek: bool = True) -> _Table:
     """The file's columns (header, ``names`` or numbered, then ``rename``) and its rows,
-    from ``lines`` read from the top of the file."""
+    from ``lines`` read from the top of the file.
+
+    Whether an unnamed first column is pandas' index is seen in the first rows; without
+    ``peek`` (when ``lines`` must stop right after the header) it is taken to be one.
+    """
     source: CsvSource = unit.source  # type: ignore[assignment]
     rows = _rows(lines, source)
     header = None
@@ -137,11 +157,35 @@ def _table(unit: SourceFile, lines: _Lines) -> _Table:
     else:
         names, rows = _numbered_columns(rows)
     columns = [source.rename.get(name, name) for name in names]
-    problem = _columns_problem(names, columns, source)
+    index = False
+    if header and not source.names and _may_be_an_index(names, source):
+        index = True
+        if peek:
+            index, rows = _pandas_index(rows)
+    first = 1 if index else 0
+    problem = _columns_problem(names[first:], columns[first:], source)
     if problem:
         origin = f"{unit.display}:{header[0]}" if header else unit.display
         raise _HeaderProblem(origin, problem, source.delimiter.join(header[1] if header else []))
     return _Table(columns, header, rows)
+
+
+def _may_be_an_index(names: list[str], source: CsvSource) -> bool:
+    """Only the first header cell is empty, and ``rename`` does not name it."""
+    return bool(names) and names[0] == "" and "" not in names[1:] and "" not in source.rename
+
+
+def _pandas_index(rows: Iterator[tuple[int, Row]]) -> tuple[bool, Iterator[tuple[int, Row]]]:
+    """Whether the first column of the first ``ROWS_CHECKED`` rows holds increasing
+    integers, as pandas writes a frame's index; the rows, none of them consumed."""
+    peeked = list(itertools.islice(rows, ROWS_CHECKED))
+    firsts = [row[0].strip() for _, row in peeked if isinstance(row, list) and row]
+    try:
+        numbers = [int(cell) for cell in firsts]
+    except ValueError:
+        numbers = []
+    increasing = bool(numbers) and all(a < b for a, b in itertools.pairwise(numbers))
+    return increasing, itertools.chain(peeked, rows)
 
 
 def _numbered_columns(
@@ -167,9 +211,10 @@ def _columns_problem(names: list[str], columns: list[str], source: CsvSource) ->
             f"header row is not valid {_spelled(source.encoding)}; set encoding to the "
             "file's encoding"
         )
-    if "" in names:
+    if "" in names and "" not in source.rename:
         return (
-            f"header column {names.index('') + 1} has no name; name every column with names: [...]"
+            f"header column {names.index('') + 1} has no name; name it with rename: "
+            "{'': NAME}, or every column with names: [...]"
         )
     repeated = _repeated(names)
     if repeated:
@@ -223,11 +268,13 @@ def _data_rows(
     from the top of the file. Raises ``_HeaderProblem``.
     """
     source: CsvSource = unit.source  # type: ignore[assignment]
-    if unit.span is None or unit.span.start == 0:
+    if unit.span is None:
         table = _table(unit, _lines(unit, stack))
         return table.columns, table.rows
     with contextlib.ExitStack() as top:
         columns = _table(unit, _lines(replace(unit, span=None), top)).columns
+    if unit.span.start == 0:  # the header, then rows; pandas' index was seen in the file
+        return columns, _table(unit, _lines(unit, stack), peek=False).rows
     return columns, _rows(_lines(unit, stack), source)
 
 
@@ -267,6 +314,7 @@ def _records(
         values = {
             name: None if cell.strip() in missing else cell
             for name, cell in zip(columns, row, strict=True)
+            if name != INDEX_COLUMN
         }
         yield source_record(unit, line, origin, values)
 
@@ -283,7 +331,7 @@ def row_starts(unit: SourceFile) -> Iterator[tuple[int, int]]:
         decoded = _DecodedLines(handle, source.encoding)
         lines = _Lines(decoded, source.skip_lines, source.comment)
         try:
-            table = _table(unit, lines)
+            table = _table(unit, lines, peek=False)
         except _HeaderProblem:
             return
         yield decoded.offset, lines.number + 1  # the first row after the header
@@ -335,7 +383,36 @@ def csv_columns(unit: SourceFile) -> list[str]:
     widths = sorted({len(row) for _, row in checked if isinstance(row, list)})
     if widths and len(table.columns) not in widths:
         raise ConfigError(_width_mismatch(unit, table, widths))
-    return table.columns
+    return table.fields
+
+
+def csv_notes(unit: SourceFile) -> list[str]:
+    """What the build does with the file that its user may not expect, and the fix.
+
+    A file with a header row and nothing under it adds no records: not an error (a daily
+    export with no rows that day is normal), but a user who meant it to hold data sees
+    it named, and a build of only such files is refused for having no records. pandas'
+    index column is read and left out.
+    """
+    with contextlib.ExitStack() as stack:
+        try:
+            table = _table(unit, _lines(replace(unit, span=None), stack))
+        except _HeaderProblem:
+            return []
+        empty = table.header is not None and next(table.rows, None) is None
+    notes = []
+    if table.has_index:
+        notes.append(
+            "its first column has no name and holds 0, 1, 2, … (the index pandas writes): "
+            "read as the row's index and left out of the fields; rename: {'': NAME} keeps "
+            "it as a field"
+        )
+    if empty:
+        notes.append(
+            "a header row and no data rows, so it adds no records; add its rows, or remove "
+            "it or leave it out of the path"
+        )
+    return notes
 
 
 def _width_mismatch(unit: SourceFile, table: _Table, widths: list[int]) -> str:

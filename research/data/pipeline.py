@@ -41,7 +41,7 @@ from research.data.report import REPORT_FILE, build_report
 from research.data.runners import pipeline_options
 from research.data.schema import ConformToSchema, resolve_schema
 from research.data.shards import WriteShards, shard_file_name, write_shard
-from research.data.sources import ReadSources, check_sources
+from research.data.sources import ReadSources, check_sources, source_notes
 from research.data.spec import DatasetSpec, FieldSchema, WordsSpec
 from research.data.split import SPLIT, AssignSplit
 from research.data.stats import ComputeStatistics, empty_statistics
@@ -329,6 +329,7 @@ def build_dataset(
                 spec.quality,
             )
             report["schema"] = resolved.report()
+            report["notes"] = source_notes(spec)
             check_build(report, staging, destination)
             train_stats = (statistics.get(training_split(spec)) or {}).get("features", {})
             features = _finish_features(

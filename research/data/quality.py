@@ -123,6 +123,8 @@ def check_build(report: Mapping[str, Any], staging: str, destination: str) -> No
         lines.append(_unreadable(verdict["unreadable_files"]))
     if verdict["empty_splits"]:
         lines.append(f"- no records in split(s) {', '.join(map(repr, verdict['empty_splits']))}")
+        if not report.get("inputs"):
+            lines.append("- the sources held no records at all")
         keys = _rule_count(report, DISTINCT_KEYS)
         if keys:
             lines.append(_few_keys(keys, len(report["records_written"])))

@@ -41,7 +41,13 @@ from research.data.array_sources import (
     read_hdf5,
     read_npz,
 )
-from research.data.csv_source import check_csv_options, csv_columns, read_csv, row_starts
+from research.data.csv_source import (
+    check_csv_options,
+    csv_columns,
+    csv_notes,
+    read_csv,
+    row_starts,
+)
 from research.data.line_ranges import line_starts, plan_ranges, splittable_encoding
 from research.data.quality import UNREADABLE_FILES
 from research.data.reading import (
@@ -419,10 +425,14 @@ def _listed(paths: list[str]) -> str:
     return ", ".join(paths[:SKIPPED_SHOWN]) + (", …" if len(paths) > SKIPPED_SHOWN else "")
 
 
-def skipped_files(spec: DatasetSpec) -> list[str]:
-    """One line per image-folder source that skips files, naming a few of them."""
+def source_notes(spec: DatasetSpec) -> list[str]:
+    """One line per file or folder the build reads otherwise than its user may expect,
+    naming it and the fix: image-folder sources that skip files (a few of them named), CSV
+    files with a header row and no data rows, or with pandas' index column."""
     notes = []
     for unit in check_sources(spec):
+        if isinstance(unit.source, CsvSource):
+            notes.extend(f"sources.{unit.index}: {unit.display}: {n}" for n in csv_notes(unit))
         if isinstance(unit.source, ImageFolderSource):
             skipped = _image_folder(unit.path).skipped
             if skipped:

@@ -55,7 +55,13 @@ class CsvSource(StrictModel):
         default_factory=lambda: list(DEFAULT_NA_VALUES),
         description="cell values (compared without surrounding spaces) that mean missing",
     )
-    rename: dict[str, str] = Field(default_factory=dict, description="source column -> field")
+    rename: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "source column -> field. An unnamed first column of increasing integers (the "
+            "index pandas' to_csv writes) is left out, unless renamed from ''"
+        ),
+    )
 
 
 class JsonlSource(StrictModel):

@@ -12,7 +12,7 @@ import pytest
 from contracts.yaml_config import ConfigError
 from research.data.records import ORIGIN
 from research.data.schema import resolve_schema
-from research.data.sources import check_sources, source_columns
+from research.data.sources import check_sources, source_columns, source_notes
 from research.data.spec import DatasetSpec
 from tests.support.source_records import make_spec, public, read
 
@@ -279,7 +279,8 @@ def test_a_header_with_an_unnamed_column_or_a_rename_onto_another_is_refused(
     cases = [
         (
             {"type": "csv", "path": "u.csv"},
-            "sources.0: u.csv:1: header column 2 has no name; name every column with names: [...]",
+            "sources.0: u.csv:1: header column 2 has no name; name it with rename: {'': NAME}, "
+            "or every column with names: [...]",
         ),
         (
             {"type": "csv", "path": "r.csv", "rename": {"a": "c"}},
@@ -316,4 +317,75 @@ def test_a_header_without_rows_names_the_sources_that_gave_no_records(tmp_path: 
     assert str(raised.value) == (
         "schema: no fields: none are declared, and the sources (header_only.csv) gave no "
         "readable record to infer them from: they hold no data rows, or none can be read"
+    )
+
+
+# --- pandas' default export: an unnamed index column ------------------------------------
+
+
+def pandas_wine(directory: Path, keep: slice = slice(None)) -> tuple[list[str], list[list]]:
+    """scikit-learn's wine table written as ``DataFrame.to_csv()`` writes a frame: its
+    index first, under an empty header cell. The columns, and the rows kept."""
+    from sklearn.datasets import load_wine
+
+    wine = load_wine()
+    columns = [*map(str, wine.feature_names), "target"]
+    rows = [[*map(float, x), int(y)] for x, y in zip(wine.data, wine.target, strict=True)]
+    index = list(range(len(rows)))[keep]
+    lines = [",".join(["", *columns])]
+    lines += [",".join(map(str, [i, *rows[i]])) for i in index]
+    (directory / "wine.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return columns, [rows[i] for i in index]
+
+
+@pytest.mark.parametrize("keep", [slice(None), slice(3, None, 7)], ids=["whole", "filtered"])
+def test_pandas_index_column_is_read_as_the_row_index_and_left_out(
+    tmp_path: Path, keep: slice
+) -> None:
+    """The default export, and a filtered frame's (its index is no longer 0..n-1)."""
+    columns, rows = pandas_wine(tmp_path, keep)
+    spec = make_spec(tmp_path, {"type": "csv", "path": "wine.csv"}, labels=["target"])
+    (found,) = source_columns(spec)
+    assert found.columns == columns
+    fields = list(resolve_schema(spec).fields)  # names made identifiers: od280_od315_…
+    assert len(fields) == len(columns) and fields[0] == "alcohol" and fields[-1] == "target"
+    records, quarantined = read(spec)
+    assert quarantined == []
+    assert len(records) == len(rows)
+    first = public(records[0])
+    assert list(first) == columns
+    assert float(first["alcohol"]) == rows[0][0]
+    (note,) = source_notes(spec)
+    assert note.startswith(
+        "sources.0: wine.csv: its first column has no name and holds 0, 1, 2, … (the index "
+        "pandas writes): read as the row's index and left out of the fields"
+    )
+    assert "rename: {'': NAME} keeps it as a field" in note
+
+
+def test_pandas_index_column_kept_as_a_field_when_renamed(tmp_path: Path) -> None:
+    columns, _ = pandas_wine(tmp_path)
+    source = {"type": "csv", "path": "wine.csv", "rename": {"": "row"}}
+    spec = make_spec(tmp_path, source, labels=["target"])
+    assert source_columns(spec)[0].columns == ["row", *columns]
+    records, _ = read(spec)
+    assert [public(record)["row"] for record in records[:3]] == ["0", "1", "2"]
+    assert source_notes(spec) == []
+
+
+@pytest.mark.parametrize(
+    "first_cells",
+    [["b", "a", "c"], ["3", "2", "1"], ["1.5", "2.5", "3.5"]],
+    ids=["text", "decreasing", "fractions"],
+)
+def test_an_unnamed_first_column_that_is_not_an_index_is_refused_with_the_fix(
+    tmp_path: Path, first_cells: list[str]
+) -> None:
+    rows = "".join(f"{cell},{n},{n * 2}\n" for n, cell in enumerate(first_cells))
+    (tmp_path / "t.csv").write_text(",a,b\n" + rows)
+    with pytest.raises(ConfigError) as raised:
+        source_columns(make_spec(tmp_path, {"type": "csv", "path": "t.csv"}))
+    assert str(raised.value) == (
+        "sources.0: t.csv:1: header column 1 has no name; name it with rename: {'': NAME}, "
+        "or every column with names: [...]"
     )

@@ -517,3 +517,30 @@ def test_tables_written_to_a_pipe_keep_every_column(
     lines = piped.out.splitlines()
     assert max(map(len, lines)) > 80, "the table fits 80 columns: it proves nothing here"
     assert not any("…" in line for line in lines), piped.out
+
+
+def test_a_csv_file_with_only_its_header_is_named_beside_good_files_and_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file that adds nothing is named with the fix, whether the build passes or not."""
+    write_tabular_csv(tmp_path / "tables" / "monday.csv", tabular_rows(60, seed=2))
+    write_tabular_csv(tmp_path / "tables" / "sunday.csv", [])
+    both = write_spec(tmp_path / "both.yaml", tabular_spec("both", "tables/*.csv"))
+    capsys.readouterr()
+    assert slipway("data", "build", str(both), "--output", str(tmp_path / "both")) == 0
+    note = one_line(capsys.readouterr().err)
+    assert (
+        "note: sources.0: tables/sunday.csv: a header row and no data rows, so it adds no "
+        "records; add its rows, or remove it or leave it out of the path" in note
+    )
+    assert "monday.csv" not in note
+    assert load_manifest(tmp_path / "both").splits["train"].num_records > 0
+    report = json.loads((tmp_path / "both" / "report.json").read_text())
+    assert [n.split(":")[1].strip() for n in report["notes"]] == ["tables/sunday.csv"]
+
+    alone = write_spec(tmp_path / "alone.yaml", tabular_spec("alone", "tables/sunday.csv"))
+    assert slipway("data", "build", str(alone), "--output", str(tmp_path / "alone")) == 3
+    error = one_line(capsys.readouterr().err)
+    assert "tables/sunday.csv: a header row and no data rows" in error
+    assert "the sources held no records at all" in error
+    assert not (tmp_path / "alone").exists()

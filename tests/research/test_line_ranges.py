@@ -47,6 +47,10 @@ FILES: dict[str, tuple[dict[str, Any], bytes]] = {
         {"type": "csv", "header": "none"},
         b'1,"two\nlines"\n2,b\n\n3,"c"\r4,d\n',
     ),
+    "csv_with_pandas_index": (
+        {"type": "csv"},
+        b',id,note\n0,7,a\n1,8,"b\nc"\n2,9,d\n5,10,"e,f"\n',
+    ),
     "jsonl": (
         {"type": "jsonl"},
         b'{"a": 1}\n\n{"a": 2}\r\n{"a": \n[1]\n{"a": "\xff"}\n{"a": 3}\r{"a": 4}',

@@ -24,8 +24,8 @@ from research.data.sources import (
     ReadSources,
     check_sources,
     sample_records,
-    skipped_files,
     source_columns,
+    source_notes,
 )
 from research.data.spec import DatasetSpec
 from tests.support.source_records import public, read
@@ -231,7 +231,7 @@ def test_image_folder_reads_raw_bytes_with_class_labels(tmp_path: Path) -> None:
         "pets/dog/2.JPG",
         "pets/dog/3.jpeg",
     ]
-    assert skipped_files(spec) == [
+    assert source_notes(spec) == [
         "sources.0: pets: 2 file(s) skipped, not <class>/*.{gif|jpeg|jpg|png} images: "
         "README, dog/notes.txt"
     ]
