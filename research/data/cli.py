@@ -73,10 +73,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show = commands.add_parser(
         "show",
         help="summarise a dataset's manifest",
-        description="Summarise a dataset: features, splits, record counts and statistics.",
+        description="Summarise a dataset: features with their statistics, splits and record counts; with --examples, its first records as stored.",
     )
     show.add_argument(
         "dataset", help="dataset directory (manifest.json + shards), or a URI such as gs://…"
+    )
+    show.add_argument(
+        "--examples",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also print the first N records of --split as stored (default 0)",
+    )
+    show.add_argument(
+        "--split", help="the split --examples reads (default: train, else the largest)"
     )
     show.set_defaults(handler=run_show)
 
@@ -132,13 +142,21 @@ def run_validate(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from research.data.show import first_records, statistics_line
     from research.data.validate import read_manifest
 
+    if args.examples < 0:
+        raise ConfigError(f"--examples must be 0 or more, got {args.examples}")
     manifest = read_manifest(args.dataset)
+    if args.split is not None and args.split not in manifest.splits:
+        raise ConfigError(
+            f"--split: no split {args.split!r}; the dataset has {list(manifest.splits)}"
+        )
     table = Table(title=f"{manifest.name} ({manifest.spec_hash[:12]})")
     table.add_column("feature")
     table.add_column("type")
     table.add_column("details")
+    table.add_column(f"statistics ({manifest.statistics_split or 'none'})")
     for name, feature in manifest.features.items():
         details = {
             "numeric": f"{feature.dtype} shape {list(feature.shape)}",
@@ -148,7 +166,12 @@ def run_show(args: argparse.Namespace) -> int:
             else f"vocabulary {feature.vocab_size or '-'} tokens",
             "image": f"{feature.height}x{feature.width}x{feature.channels}",
         }[feature.type]
-        table.add_row(name + (" (label)" if feature.is_label else ""), feature.type, details)
+        table.add_row(
+            name + (" (label)" if feature.is_label else ""),
+            feature.type,
+            details,
+            statistics_line(manifest.feature_statistics(name)),
+        )
     console.print(table)
     splits = Table(title="splits")
     splits.add_column("split")
@@ -157,4 +180,12 @@ def run_show(args: argparse.Namespace) -> int:
     for name, split in manifest.splits.items():
         splits.add_row(name, f"{split.num_records:,}", str(len(split.shards)))
     console.print(splits)
+    split = args.split or manifest.statistics_split
+    if args.examples and split:
+        examples = Table(title=f"the first {args.examples} records of {split!r}")
+        for name in manifest.features:
+            examples.add_column(name, overflow="fold")
+        for record in first_records(args.dataset, manifest, split, args.examples):
+            examples.add_row(*record.values())
+        console.print(examples)
     return 0

@@ -335,6 +335,44 @@ def test_show_summarises_features_and_splits(
         assert f"{split.num_records:,}" in out
 
 
+def test_show_prints_each_features_statistics_and_the_first_records_as_stored(
+    table: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import tensorflow as tf
+
+    from research.data.show import first_records, statistics_line
+
+    manifest = load_manifest(table)
+    x = manifest.feature_statistics("x")
+    assert statistics_line(x) == (
+        f"mean {x['mean']:.4g} ± {x['std']:.4g} in [{x['min']:.4g}, {x['max']:.4g}]; 0 missing"
+    )
+    colours = manifest.feature_statistics("colour")["frequencies"]
+    top, count = next(iter(colours.items()))
+    assert statistics_line(manifest.feature_statistics("colour")).startswith(
+        f"3 distinct; most: {top} {count:,}"
+    )
+    assert statistics_line(manifest.feature_statistics("note")).startswith("length median ")
+
+    records = list(first_records(str(table), manifest, "test", 3))
+    shard = manifest.shard_paths(table, "test")[0]
+    stored = tf.data.TFRecordDataset(shard, manifest.tfrecord_compression).take(3)
+    ids = [tf.train.Example.FromString(r.numpy()).features.feature["id"] for r in stored]
+    assert [record["id"] for record in records] == [str(i.int64_list.value[0]) for i in ids]
+    assert set(records[0]) == set(manifest.features)
+    assert len(list(first_records(str(table), manifest, "test", 10**6))) == (
+        manifest.splits["test"].num_records
+    )
+
+    capsys.readouterr()
+    assert slipway("data", "show", table, "--examples", "2", "--split", "test") == 0
+    out = one_line(capsys.readouterr().out)
+    assert "statistics (train)" in out and f"most: {top} {count:,}" in out
+    assert "the first 2 records of 'test'" in out
+    assert slipway("data", "show", table, "--examples", "2", "--split", "holdout") == 2
+    assert "no split 'holdout'" in one_line(capsys.readouterr().err)
+
+
 def test_show_of_a_directory_that_is_not_a_dataset_is_a_clear_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
