@@ -27,11 +27,13 @@ from contracts.features import FeatureSpec
 from contracts.yaml_config import ConfigError
 from research.data import filesystems, publish, records
 from research.data.categories import CategoryVocabularies
+from research.data.category_checks import category_findings
 from research.data.clean import STRING_TYPES, CleanRecords
 from research.data.dedup import DeduplicateExact, DeduplicateNear
 from research.data.quality import (
     BuildRejectedError,
     check_build,
+    judge_categories,
     read_side_file,
     require_side_file,
 )
@@ -330,6 +332,16 @@ def build_dataset(
             )
             report["schema"] = resolved.report()
             report["notes"] = source_notes(spec)
+            judge_categories(
+                report,
+                *category_findings(
+                    statistics,
+                    [name for name, f in features.items() if f.type == "categorical"],
+                    spec.labels,
+                    spec.quality.min_class_records,
+                ),
+                spec.quality,
+            )
             check_build(report, staging, destination)
             train_stats = (statistics.get(training_split(spec)) or {}).get("features", {})
             features = _finish_features(

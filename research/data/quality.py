@@ -14,6 +14,9 @@ as they were. The checks:
   or not fitting the schema) or dropped by a clean rule is at most
   ``quality.max_quarantine_fraction``. Duplicates merged by de-duplication are not a
   loss: what they held is still in the dataset.
+- **one spelling per category**, when ``quality.category_variants`` is ``refuse``: no
+  categorical field holds values that differ only in case or spacing
+  (research.data.category_checks);
 - **every file read**: no source file failed as a whole. The checks before the build
   refuse such files; one that changed or vanished after them held records nobody
   counted, so the loss cannot be measured and the build is refused.
@@ -104,6 +107,16 @@ def _rule_count(report: Mapping[str, Any], name: str) -> int:
     return sum(int(rule["count"]) for rule in report.get("rules", ()) if rule["rule"] == name)
 
 
+def judge_categories(
+    report: dict[str, Any], variants: list[str], rare: list[str], quality: QualitySpec
+) -> None:
+    """Add the category findings to ``report``: as warnings, or as a refusal."""
+    report["warnings"] = [*variants, *rare]
+    if variants and quality.category_variants == "refuse":
+        report["quality"]["refused_category_variants"] = variants
+        report["quality"]["passed"] = False
+
+
 def check_build(report: Mapping[str, Any], staging: str, destination: str) -> None:
     """Refuse the build in ``staging`` unless its report's quality section passed.
 
@@ -128,6 +141,11 @@ def check_build(report: Mapping[str, Any], staging: str, destination: str) -> No
         keys = _rule_count(report, DISTINCT_KEYS)
         if keys:
             lines.append(_few_keys(keys, len(report["records_written"])))
+    if verdict.get("refused_category_variants"):
+        lines.extend(
+            f"- {finding} (quality.category_variants: refuse)"
+            for finding in verdict["refused_category_variants"]
+        )
     if verdict["lost_fraction"] > verdict["max_quarantine_fraction"]:
         lines.append(
             f"- {verdict['lost']:,} of {verdict['inputs']:,} input records "

@@ -54,8 +54,8 @@ def first_records(
     from tensorflow.core.example import example_pb2
 
     shown = 0
-    for path in manifest.shard_paths(root, split):
-        with filesystems.open_for_read(path) as stream:
+    for shard in manifest.splits[split].shards:
+        with filesystems.open_for_read(filesystems.join(root, shard.path)) as stream:
             for record in read_records(stream, manifest.compression):
                 if shown == count:
                     return

@@ -353,6 +353,16 @@ class QualitySpec(StrictModel):
         description="largest share of the input records that may be quarantined or dropped "
         "by a clean rule; duplicates merged by dedup are not a loss",
     )
+    category_variants: Literal["warn", "refuse"] = Field(
+        default="warn",
+        description="categorical values that differ only in case or spacing ('Red', 'RED'): "
+        "warn names them with their counts; refuse refuses the build",
+    )
+    min_class_records: int = Field(
+        default=5,
+        ge=0,
+        description="a label class with fewer records is named in a warning",
+    )
 
 
 class DatasetSpec(StrictModel):

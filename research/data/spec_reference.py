@@ -36,6 +36,8 @@ ANY_NAME = "<field>"  # a key the spec author chooses: a field name in ``schema`
 # Examples for the keys no shipped spec sets, by key path (see ``Key.path``).
 EXAMPLES: dict[str, Any] = {
     "exclude": ["row_id"],
+    "quality.category_variants": "refuse",
+    "quality.min_class_records": 20,
     "sources[csv].delimiter": ";",
     "sources[csv].comment": "#",
     "sources[csv].encoding": "latin-1",

@@ -132,8 +132,9 @@ def test_a_dataset_in_a_bucket_validates_and_shows_where_it_is(
 
     remote = build_dataset(spec(BUCKET), f"{BUCKET}/datasets/remote")
     assert validate_dataset(remote.output_dir).ok
-    run_show(argparse.Namespace(dataset=remote.output_dir))
-    assert "remote" in capsys.readouterr().out
+    run_show(argparse.Namespace(dataset=remote.output_dir, examples=2, split="test"))
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "remote" in shown and "the first 2 records of 'test'" in shown
 
     shard = next(path for path in bucket if path.endswith(".tfrecord"))
     bucket[shard] = bucket[shard][:-3]
