@@ -11,6 +11,7 @@ mistakes the same way.
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -177,6 +178,31 @@ def _nearest_line(loc: tuple[Any, ...], lines: KeyLines) -> int | None:
         if loc[:end] in lines:
             return lines[loc[:end]]
     return None
+
+
+_KEY_AT_START = re.compile(r"^([A-Za-z_]\w*(?:\.\w+)+)(?=[: ])")  # a dotted key path
+
+
+def located(message: str, source: str | None) -> str:
+    """``message`` prefixed with ``FILE:LINE`` of the key it starts with, in config ``source``.
+
+    Checks that need more than the file (the devices a mesh needs, a model's sizes against
+    them) run after it was read, and say which key they refuse (``data.batch_size: 8 is
+    not divisible …``); this points them at the file and line, as a validation error does.
+    A key the file leaves at its default gets the line of its nearest section.
+    """
+    match = _KEY_AT_START.match(message)
+    if not source or match is None or message.startswith(source):
+        return message
+    try:
+        node = yaml.compose(Path(source).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return message
+    lines: KeyLines = {}
+    if node is not None:
+        _line_map(node, (), lines)
+    line = _nearest_line(tuple(match.group(1).split(".")), lines)
+    return f"{source}:{line}: {message}" if line else f"{source}: {message}"
 
 
 def read_config_text(path: str | Path) -> str:

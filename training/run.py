@@ -37,9 +37,11 @@ in ``<run_dir>/precision.json``, and read back by every resume and every worker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import tensorflow as tf
@@ -48,6 +50,7 @@ from rich.markup import escape
 
 from contracts.atomic_files import write_json_atomically
 from contracts.metric_values import from_json_metrics, json_metrics, non_finite, shown
+from contracts.yaml_config import located
 from research.experiments.task import ExperimentTask
 from research.models.placement import pipeline_stages
 from training.checkpoints import latest_committed_step
@@ -94,8 +97,29 @@ def train(
     several workers restarts the group after a failure. See the module documentation
     for ``workers``. A run that already finished and published its last step is not
     published a second time (identical weights under a new version number): the call
-    says so and returns that version, unless ``publish_again``.
+    says so and returns that version, unless ``publish_again``. A setup error names the
+    experiment file and line of the key it refuses.
     """
+    with _located_setup_errors(task):
+        return _train(task, workers, export, progress, max_restarts, publish_again)
+
+
+@contextlib.contextmanager
+def _located_setup_errors(task: ExperimentTask) -> Iterator[None]:
+    try:
+        yield
+    except TrainingSetupError as exc:
+        raise TrainingSetupError(located(str(exc), task.config.source)) from None
+
+
+def _train(
+    task: ExperimentTask,
+    workers: int,
+    export: bool,
+    progress: bool,
+    max_restarts: int,
+    publish_again: bool,
+) -> TrainOutcome:
     if workers < 1:
         raise ValueError(f"workers must be at least 1. Received: workers={workers}")
     # Before anything starts TensorFlow's runtime (the precision probe does), after
@@ -120,7 +144,8 @@ def train(
         return _train_here(task, role, precision, export=export, progress=progress)
     die_with_supervisor()
     try:
-        outcome = _train_here(task, role, precision, export=export, progress=progress)
+        with _located_setup_errors(task):
+            outcome = _train_here(task, role, precision, export=export, progress=progress)
     except USER_ERRORS as exc:
         console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(EXIT_INVALID)

@@ -119,3 +119,46 @@ def test_a_pipeline_refuses_to_compile_its_stages_for_one_device(
         pytest.raises(TrainingSetupError, match="a pipeline's blocks sit on several"),
     ):
         Trainer(experiment, tf.distribute.get_strategy(), WorkerRole(0, 1))
+
+
+@pytest.mark.parametrize(
+    ("mesh", "key"), [({"batch": 3}, "data.batch_size"), ({"model": 3}, "model.num_heads")]
+)
+def test_a_mesh_setup_error_names_the_experiment_file_and_line(
+    tmp_path: Path, corpus_dataset: Path, mesh: dict, key: str
+) -> None:
+    """Like every config error: the file, the line of the key (or of its section when the
+    file leaves it at its default), then the key."""
+    from training.run import train
+
+    experiment = task(tmp_path, corpus_dataset, mesh)
+    source = experiment.config.source
+    with pytest.raises(TrainingSetupError) as raised:
+        train(experiment, progress=False)
+    message = str(raised.value)
+    where, line, rest = message.split(":", 2)
+    assert where == source
+    text = Path(source).read_text().splitlines()
+    section, _, name = rest.strip().partition(":")[0].rpartition(".")
+    # The line of the key the message names, else of its section.
+    expected = next(
+        (n for n, row in enumerate(text, 1) if row.strip().startswith(f"{name}:")),
+        next(n for n, row in enumerate(text, 1) if row.startswith(f"{section.split('.')[0]}:")),
+    )
+    assert int(line) == expected, (message, text)
+    assert rest.strip().startswith(("distribution.mesh", key)), message
+
+
+def test_located_leaves_messages_without_a_key_or_a_file_as_they_are(tmp_path: Path) -> None:
+    from contracts.yaml_config import located
+
+    config = tmp_path / "e.yaml"
+    config.write_text("data:\n  batch_size: 8\nmodel:\n  type: gpt\n")
+    assert (
+        located("data.batch_size: 8 is odd", str(config))
+        == f"{config}:2: data.batch_size: 8 is odd"
+    )
+    assert located("model.num_heads: 4", str(config)) == f"{config}:3: model.num_heads: 4"
+    assert located("a sentence, no key", str(config)) == "a sentence, no key"
+    assert located("data.batch_size: 8", None) == "data.batch_size: 8"
+    assert located("data.x: y", str(tmp_path / "gone.yaml")) == "data.x: y"
