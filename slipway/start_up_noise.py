@@ -6,8 +6,11 @@ oneDNN notices, "Could not find cuda drivers", and on a machine without a GPU an
 ``E0000 … failed call to cuInit: UNKNOWN ERROR (303)``. None of it is actionable for a
 user of a CPU machine, and it buries the one line a command has to say.
 
-The filter routes descriptor 2 through a pipe and drops exactly those known start-up
-lines; everything else (Python tracebacks, real C++ errors, worker output) passes through
+Training on a mesh adds one more: grappler's cost model logging ``E0000 …
+op_level_cost_estimator.cc … Incompatible Matrix dimensions`` for sharded matmuls it cannot
+price, which says nothing about the result.
+
+The filter routes descriptor 2 through a pipe and drops exactly those known lines; everything else (Python tracebacks, real C++ errors, worker output) passes through
 unchanged. Apache Beam's import likewise logs a warning about optional Google Cloud
 client libraries that a local build never uses; a logging filter drops that one message.
 ``--verbose`` leaves both alone.
@@ -30,7 +33,10 @@ START_UP_NOISE = re.compile(
     rb"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
     rb"|[IWE]\d{4} [\d:. ]+\d+ (?:port\.cc|cudart_stub\.cc|cpu_feature_guard\.cc"
     rb"|cuda_platform\.cc|cuda_executor\.cc|cuda_diagnostics\.cc|gpu_device\.cc"
-    rb"|cuda_dnn\.cc|cuda_fft\.cc|cuda_blas\.cc|computation_placer\.cc)"
+    rb"|cuda_dnn\.cc|cuda_fft\.cc|cuda_blas\.cc|computation_placer\.cc"
+    # Grappler's cost model, estimating ops it cannot price while it plans a graph (a
+    # mesh's sharded matmuls): an estimate, never the computation.
+    rb"|op_level_cost_estimator\.cc)"
     rb":\d+\] .*"
     rb"|To enable the following instructions: .*, in other operations, rebuild TensorFlow .*"
     rb")\r?\n?$"

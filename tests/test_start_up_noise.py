@@ -20,6 +20,8 @@ NOISE = [
     b"INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
     b"To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild "
     b"TensorFlow with the appropriate compiler flags.",
+    b"E0000 00:00:1795957177.090663   21577 op_level_cost_estimator.cc:1126] Incompatible "
+    b"Matrix dimensions",
 ]
 KEPT = [
     b"E0000 00:00:1795459014.398783    7274 bfc_allocator.cc:485] Allocator ran out of memory",
