@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import tensorflow as tf
+import tf_keras as keras
 from tensorflow.experimental import dtensor
 
 from research.experiments.task import ExperimentTask
@@ -95,6 +96,28 @@ def check_mesh_setup(task: ExperimentTask, role: WorkerRole, precision: str) -> 
         )
 
 
+def check_mesh_model(model: keras.Model) -> None:
+    """Refuse a model with a subclassed part, before the mesh builds it again.
+
+    The mesh builds the model a second time inside Keras' layout scope, where variables are
+    created lazily and laid out once the model is finished; a subclassed model's ``call``
+    then receives ``None`` for every input. Functional and Sequential models, the zoo's
+    and researchers' own, are laid out layer by layer.
+    """
+    subclassed = [
+        part
+        for part in [model, *model.submodules]
+        if isinstance(part, keras.Model) and not getattr(part, "_is_graph_network", False)
+    ]
+    if subclassed:
+        names = ", ".join(sorted({type(part).__name__ for part in subclassed}))
+        raise TrainingSetupError(
+            f"model.build: a subclassed Keras model ({names}) cannot be laid out on a "
+            "mesh (distribution.mesh); build it as a functional model (keras.Model(inputs, "
+            "outputs)), or train it with --workers or on one device"
+        )
+
+
 def _padded(batch: dict[str, tf.Tensor], size: int) -> dict[str, tf.Tensor]:
     """Every tensor of ``batch`` completed with zeros to ``size`` examples."""
     padded = {}
@@ -159,6 +182,7 @@ class MeshTrainer(TrainerState):
         # draw other numbers than one device's, and the same seed should make the same
         # model (and a mesh run the one-device run, up to rounding).
         initial = task.build_model()
+        check_mesh_model(initial)
         with layouts.scope():
             self.model = task.build_model()
         place_weights(initial, self.model)

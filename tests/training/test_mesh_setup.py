@@ -162,3 +162,29 @@ def test_located_leaves_messages_without_a_key_or_a_file_as_they_are(tmp_path: P
     assert located("a sentence, no key", str(config)) == "a sentence, no key"
     assert located("data.batch_size: 8", None) == "data.batch_size: 8"
     assert located("data.x: y", str(tmp_path / "gone.yaml")) == "data.x: y"
+
+
+def test_a_model_with_a_subclassed_part_is_refused_for_a_mesh_and_a_functional_one_is_not() -> None:
+    import tf_keras as keras
+
+    from training.mesh_trainer import check_mesh_model
+
+    class Gated(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.hidden = keras.layers.Dense(4)
+            self.gate = keras.layers.Dense(4, activation="sigmoid")
+
+        def call(self, inputs: tf.Tensor) -> tf.Tensor:
+            return self.hidden(inputs) * self.gate(inputs)
+
+    inputs = keras.Input((3,), name="x")
+    functional = keras.Model(inputs, keras.layers.Dense(2, name="y")(inputs))
+    check_mesh_model(functional)
+    check_mesh_model(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    wrapped = keras.Model(inputs, keras.layers.Dense(2)(Gated()(inputs)))  # as conform wraps it
+    for model in (Gated(), wrapped):
+        with pytest.raises(
+            TrainingSetupError, match=r"^model\.build: a subclassed Keras model \(Gated\)"
+        ):
+            check_mesh_model(model)
