@@ -177,9 +177,12 @@ def _may_be_an_index(names: list[str], source: CsvSource) -> bool:
 
 def _pandas_index(rows: Iterator[tuple[int, Row]]) -> tuple[bool, Iterator[tuple[int, Row]]]:
     """Whether the first column of the first ``ROWS_CHECKED`` rows holds increasing
-    integers, as pandas writes a frame's index; the rows, none of them consumed."""
+    integers, as pandas writes a frame's index (an empty frame's file has no rows to say
+    otherwise); the rows, none of them consumed."""
     peeked = list(itertools.islice(rows, ROWS_CHECKED))
     firsts = [row[0].strip() for _, row in peeked if isinstance(row, list) and row]
+    if not firsts:
+        return True, itertools.chain(peeked, rows)
     try:
         numbers = [int(cell) for cell in firsts]
     except ValueError:

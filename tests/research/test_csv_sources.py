@@ -363,6 +363,16 @@ def test_pandas_index_column_is_read_as_the_row_index_and_left_out(
     assert "rename: {'': NAME} keeps it as a field" in note
 
 
+def test_an_empty_frames_file_is_its_columns_and_a_note(tmp_path: Path) -> None:
+    (tmp_path / "empty.csv").write_text(",a,label\n")
+    spec = make_spec(tmp_path, {"type": "csv", "path": "empty.csv"})
+    assert source_columns(spec)[0].columns == ["a", "label"]
+    assert [note.split(": ", 2)[2][:30] for note in source_notes(spec)] == [
+        "its first column has no name a",
+        "a header row and no data rows,",
+    ]
+
+
 def test_pandas_index_column_kept_as_a_field_when_renamed(tmp_path: Path) -> None:
     columns, _ = pandas_wine(tmp_path)
     source = {"type": "csv", "path": "wine.csv", "rename": {"": "row"}}
