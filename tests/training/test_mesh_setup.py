@@ -131,6 +131,7 @@ def test_a_mesh_setup_error_names_the_experiment_file_and_line(
     file leaves it at its default), then the key."""
     from training.run import train
 
+    tf.config.list_logical_devices("CPU")  # started: this worker's CPU is never split
     experiment = task(tmp_path, corpus_dataset, mesh)
     source = experiment.config.source
     with pytest.raises(TrainingSetupError) as raised:
