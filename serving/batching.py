@@ -448,6 +448,17 @@ class Batcher:
             f"{needed} more, max_enqueued_batches={self._config.max_enqueued_batches}; retry later"
         )
 
+    def _never_fits(self, rows: int) -> InvalidArgument:
+        """A request larger than the whole queue: no retry would ever be answered."""
+        config = self._config
+        most = config.max_batch_size * config.max_enqueued_batches
+        return InvalidArgument(
+            f"the request has {rows:,} rows, more than the batch queue ever holds "
+            f"({config.max_enqueued_batches} batches of {config.max_batch_size} = {most:,} "
+            f"rows): send at most {most:,} rows per request, or raise the model's "
+            "batching.max_enqueued_batches"
+        )
+
     def _enqueue(
         self, inputs: Tensors, rows: int | None, deadline: float | None, now: float
     ) -> list[_Task]:
@@ -473,6 +484,8 @@ class Batcher:
         if current is not None and not self._in_time_with(current, rows, deadline, now):
             self._cut(current)
             current = None
+        if rows > config.max_batch_size * config.max_enqueued_batches:
+            raise self._never_fits(rows)
         first = min(rows, current.limit - current.rows) if current is not None else 0
         new_batches = math.ceil((rows - first) / config.max_batch_size)
         if self.queue_depth + new_batches > config.max_enqueued_batches:

@@ -73,7 +73,8 @@ DESCRIPTIONS: dict[tuple[type, str], str] = {
     (BatchingConfig, "batch_timeout_micros"): "microseconds a batch waits for more requests "
     "after its first",
     (BatchingConfig, "max_enqueued_batches"): "batches waiting for a thread; a request that "
-    "would need more fails at once with UNAVAILABLE",
+    "would need more fails at once with UNAVAILABLE, one with more rows than the whole queue "
+    "holds with INVALID_ARGUMENT",
     (BatchingConfig, "num_batch_threads"): "threads running batches",
     (BatchingConfig, "allowed_batch_sizes"): "batch sizes the model runs, increasing, the last "
     "equal to max_batch_size; a batch is padded up to the next",

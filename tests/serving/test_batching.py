@@ -21,7 +21,7 @@ from serving.batching import (
     merge_inputs,
     split_outputs,
 )
-from serving.errors import DeadlineExceeded, Internal, NotFound, Unavailable
+from serving.errors import DeadlineExceeded, Internal, InvalidArgument, NotFound, Unavailable
 from tests.support.clocks import FakeClock
 
 LONG_TIMEOUT_MICROS = 30_000_000  # a batch never times out during a test
@@ -184,12 +184,34 @@ def test_a_request_that_would_overflow_the_queue_is_refused_whole() -> None:
         )
         first = asyncio.create_task(batcher.submit(rows(1, 2)))
         await model.entered()
-        # Five rows need three batches of two; only two may wait.
-        with pytest.raises(Unavailable):
-            await batcher.submit(rows(10, 11, 12, 13, 14))
-        assert batcher.queue_depth == 0
+        second = asyncio.create_task(batcher.submit(rows(3, 4)))
+        await observer.until_depth(batcher, 1)
+        # Four rows need two batches of two; one waits already, and only two may.
+        with pytest.raises(Unavailable, match="retry later"):
+            await batcher.submit(rows(10, 11, 12, 13))
+        assert batcher.queue_depth == 1
         model.release()
         await first
+        await second
+        await batcher.close()
+
+    run(body())
+    assert model.rows_seen().isdisjoint({10, 11, 12, 13})
+
+
+def test_a_request_larger_than_the_whole_queue_is_a_client_error_not_retry_later() -> None:
+    model = Model()
+
+    async def body() -> None:
+        batcher = Batcher(model, config(max_batch_size=2, max_enqueued_batches=2))
+        with pytest.raises(InvalidArgument) as refused:
+            await batcher.submit(rows(10, 11, 12, 13, 14))
+        assert str(refused.value.message) == (
+            "the request has 5 rows, more than the batch queue ever holds (2 batches of 2 = 4 "
+            "rows): send at most 4 rows per request, or raise the model's "
+            "batching.max_enqueued_batches"
+        )
+        assert_outputs(await batcher.submit(rows(1, 2, 3, 4)), rows(1, 2, 3, 4))
         await batcher.close()
 
     run(body())

@@ -460,11 +460,11 @@ def test_a_deadline_shorter_than_the_batch_window_is_answered_in_time(server, pr
     assert server.metric("slipway_gateway_batch_size_count", labels) == executed + 1
 
 
-def test_a_full_queue_answers_unavailable_at_once(predictions) -> None:
-    # 10 rows need 3 batches of 4, but only one batch may wait.
+def test_more_rows_than_the_queue_ever_holds_is_invalid_not_unavailable(predictions) -> None:
+    # 10 rows need 3 batches of 4, but only one batch may ever wait: retrying cannot help.
     error = rpc_error(predictions.Predict, predict_request("queued", sample_inputs(10)), timeout=10)
-    assert error.code() == grpc.StatusCode.UNAVAILABLE
-    assert "queue is full" in error.details()
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "the request has 10 rows, more than the batch queue ever holds" in error.details()
 
 
 # -- health, reflection --------------------------------------------------------------------

@@ -6,6 +6,7 @@ pipeline's preprocessed batch of the same records."""
 from __future__ import annotations
 
 import base64
+import json
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -32,6 +33,9 @@ from research.data.words import word_bag_file, words_path
 from research.experiments.config import ExperimentConfig
 from research.experiments.task import ExperimentTask
 from research.preprocessing.words import text_terms
+from serving.batching import BatchingConfig
+from serving.config import GatewayConfig
+from serving.rest_api import LARGE_BODY_BYTES
 from tests.support.gateways import GatewayThread
 from tests.support.http import http
 from tests.support.records import png, write_dataset
@@ -249,17 +253,22 @@ def test_grpc_predict_takes_raw_tensors(family: Family, gateway: GatewayThread) 
         assert classes.tolist() == [[name.encode() for name in SPECIES]] * ROWS
 
 
-def test_rest_predict_takes_json_strings_numbers_and_b64(
-    family: Family, gateway: GatewayThread
-) -> None:
+def rest_rows(family: Family) -> list[dict[str, Any]]:
+    """The family's raw test rows as a REST client writes them, one dict per row."""
     features = family.task.manifest.features
-    rows = [
+    return [
         {
             name: json_value(features[name], np.asarray(tensor.numpy()[row]).tolist())
             for name, tensor in family.raw.items()
         }
         for row in range(ROWS)
     ]
+
+
+def test_rest_predict_takes_json_strings_numbers_and_b64(
+    family: Family, gateway: GatewayThread
+) -> None:
+    rows = rest_rows(family)
     status, answer = http(gateway, "POST", f"/v1/models/{family.name}:predict", {"instances": rows})
     assert status == 200, answer
     predictions = answer["predictions"]
@@ -381,3 +390,39 @@ def test_an_image_the_model_cannot_decode_is_named_by_input_and_row(
         gateway, "POST", f"/v1/models/{family.name}:predict", {"instances": rows[:1]}
     )
     assert status == 200, answer
+
+
+@pytest.mark.process  # a body this large is decoded in the gateway's decoding process
+@pytest.mark.parametrize("layout", ["instances", "inputs"])
+def test_a_large_rest_body_of_strings_answers_as_a_small_one(
+    family: Family, gateway: GatewayThread, layout: str
+) -> None:
+    """Strings, categories and b64 images above the size decoded out of process; more rows
+    than the batch queue ever holds are a client error, not "retry later"."""
+    rows = rest_rows(family)
+    copies = 2 * LARGE_BODY_BYTES // len(json.dumps({"instances": rows})) + 1
+    many = rows * copies
+    if layout == "instances":
+        body: dict[str, Any] = {"instances": many}
+    else:
+        body = {"inputs": {name: [row[name] for row in many] for name in many[0]}}
+    assert len(json.dumps(body)) >= LARGE_BODY_BYTES
+    path = f"/v1/models/{family.name}:predict"
+    queue = BatchingConfig()
+    if len(many) > queue.max_batch_size * queue.max_enqueued_batches:
+        status, answer = http(gateway, "POST", path, body)
+        assert status == 400, answer
+        assert f"the request has {len(many):,} rows, more than the batch queue" in answer["error"]
+    roomy = GatewayConfig(batching=BatchingConfig(max_enqueued_batches=len(many)))
+    with GatewayThread(family.model_root, roomy) as large:
+        status, answer = http(large, "POST", path, body)
+    assert status == 200, answer
+    answers = answer["predictions"] if layout == "instances" else answer["outputs"]
+    for name, expected in family.expected.items():
+        if layout == "instances":
+            got = [a[name] if isinstance(a, dict) else a for a in answers]
+        else:
+            got = answers[name] if isinstance(answers, dict) else answers
+        np.testing.assert_allclose(
+            np.array(got, np.float32), np.concatenate([expected] * copies), rtol=1e-5, atol=1e-6
+        )

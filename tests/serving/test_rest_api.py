@@ -242,10 +242,10 @@ def test_timeout_header_is_honoured(server) -> None:
     assert status == 400 and "X-Request-Timeout-Ms" in answer["error"]
 
 
-def test_a_full_queue_is_a_503(server) -> None:
+def test_more_rows_than_the_queue_ever_holds_is_a_400(server) -> None:
     inputs = {k: v.tolist() for k, v in sample_inputs(10).items()}
     status, answer = http(server, "POST", "/v1/models/queued:predict", {"inputs": inputs})
-    assert status == 503 and "queue is full" in answer["error"]
+    assert status == 400 and "more than the batch queue ever holds" in answer["error"]
 
 
 # -- probes and metrics ----------------------------------------------------------------------
