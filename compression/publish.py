@@ -21,7 +21,12 @@ from compression.result import CompressedModel
 from contracts.dataset_manifest import Manifest
 from contracts.model_manifest import PREPROCESSING_DIR, write_model_manifest
 from contracts.model_repository import publish_version
-from contracts.serving_contract import check_contract, latest_signature, with_class_name_outputs
+from contracts.serving_contract import (
+    OVERRIDE_FLAG,
+    check_contract,
+    latest_signature,
+    with_class_name_outputs,
+)
 from research.preprocessing.preprocessor import FeaturePreprocessor
 from training.export import git_commit, save_preprocessing, save_serving_model
 from training.publish import class_names
@@ -53,9 +58,6 @@ class Source:
             "metrics": self.loaded.manifest.get("metrics"),
             "provenance": self.loaded.manifest.get("provenance"),
         }
-
-
-OVERRIDE_FLAG = "--allow-contract-change"
 
 
 def flat_metrics(evaluation: Evaluation) -> dict[str, float]:

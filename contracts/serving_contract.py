@@ -16,6 +16,9 @@ from typing import Any
 from contracts.model_manifest import CLASSES_SUFFIX, read_model_manifest
 from contracts.model_repository import existing_versions
 
+# The flag of ``slipway publish`` and ``slipway compress`` that publishes a changed contract.
+OVERRIDE_FLAG = "--allow-contract-change"
+
 
 class ContractChangeError(ValueError):
     """A version would not answer clients as the model's stable version does."""

@@ -58,6 +58,15 @@ class ConfigError(ValueError):
     """A config file is unreadable or invalid; the message names file, line and key."""
 
 
+def _key_lines(text: str) -> KeyLines:
+    """The 1-based line of every key path in YAML ``text``."""
+    lines: KeyLines = {}
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if node is not None:
+        _line_map(node, (), lines)
+    return lines
+
+
 def _line_map(node: yaml.Node, path: tuple[Any, ...], lines: KeyLines) -> None:
     """Record the 1-based line of every key path in a composed YAML tree."""
     lines[path] = node.start_mark.line + 1
@@ -195,12 +204,9 @@ def located(message: str, source: str | None) -> str:
     if not source or match is None or message.startswith(source):
         return message
     try:
-        node = yaml.compose(Path(source).read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+        lines = _key_lines(Path(source).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return message
-    lines: KeyLines = {}
-    if node is not None:
-        _line_map(node, (), lines)
     line = _nearest_line(tuple(match.group(1).split(".")), lines)
     return f"{source}:{line}: {message}" if line else f"{source}: {message}"
 
@@ -231,11 +237,7 @@ def parse_model(
     data: Any, model: type[ModelT], *, source: str = "<config>", text: str = ""
 ) -> ModelT:
     """Validate already-parsed data; ``text`` (the YAML source) lets errors carry line numbers."""
-    lines: KeyLines = {}
-    if text:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        if node is not None:
-            _line_map(node, (), lines)
+    lines = _key_lines(text) if text else {}
     try:
         return model.model_validate(data if data is not None else {})
     except pydantic.ValidationError as exc:

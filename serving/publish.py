@@ -29,7 +29,7 @@ from contracts.model_manifest import (
     write_model_manifest,
 )
 from contracts.model_repository import publish_version
-from contracts.serving_contract import check_contract, latest_signature
+from contracts.serving_contract import OVERRIDE_FLAG, check_contract, latest_signature
 
 SERVE_TAG = "serve"
 
@@ -106,7 +106,7 @@ def publish_saved_model(
             published[1],
             signature,
             against=f"{model_name} version {published[0]}",
-            override="--allow-contract-change",
+            override=OVERRIDE_FLAG,
         )
     problems = unsafe_links(source)
     if problems:

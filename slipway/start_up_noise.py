@@ -10,7 +10,8 @@ Training on a mesh adds one more: grappler's cost model logging ``E0000 …
 op_level_cost_estimator.cc … Incompatible Matrix dimensions`` for sharded matmuls it cannot
 price, which says nothing about the result.
 
-The filter routes descriptor 2 through a pipe and drops exactly those known lines; everything else (Python tracebacks, real C++ errors, worker output) passes through
+The filter routes descriptor 2 through a pipe and drops exactly those known lines;
+everything else (Python tracebacks, real C++ errors, worker output) passes through
 unchanged. Apache Beam's import likewise logs a warning about optional Google Cloud
 client libraries that a local build never uses; a logging filter drops that one message.
 ``--verbose`` leaves both alone.
