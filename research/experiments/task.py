@@ -30,7 +30,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from contracts.dataset_manifest import Manifest
-from contracts.yaml_config import ConfigError
+from contracts.yaml_config import ConfigError, located
 from research.data.input_pipeline import ImageAugmentation, Verify, make_dataset
 from research.experiments.config import ExperimentConfig
 from research.experiments.model_io import ModelIO, model_io, open_manifest
@@ -41,7 +41,7 @@ from research.models.interface import conform_model
 from research.models.placement import is_placed
 from research.models.recompute import has_recomputation
 from research.models.registry import build_model
-from research.models.specs import HeadSpec, InputSpec
+from research.models.specs import HeadSpec, InputSpec, ModelInterfaceError
 from research.models.weights import copy_weights, trained_on_mesh
 from research.preprocessing.preprocessor import FeaturePreprocessor
 
@@ -118,9 +118,18 @@ class ExperimentTask:
 
     def _build_zoo_model(self, model_config: ModelConfig) -> keras.Model:
         config = self.config
-        model = build_model(
-            model_config, self.inputs, self.heads, base_dir=config.base_dir, source=config.source
-        )
+        try:
+            model = build_model(
+                model_config,
+                self.inputs,
+                self.heads,
+                base_dir=config.base_dir,
+                source=config.source,
+            )
+        except ModelInterfaceError:
+            raise
+        except ValueError as exc:  # a family refusing the inputs or sizes it was given
+            raise ConfigError(located(_under_model(str(exc)), config.source)) from None
         return conform_model(model, self.inputs, self.heads, source=f"{config.source}: model")
 
     def serving_model(self, trained: keras.Model) -> keras.Model:
@@ -246,3 +255,13 @@ def as_head_labels(io: ModelIO) -> Callable[..., Any]:
         return features, {name: labels[name] for name in heads}
 
     return convert
+
+
+def _under_model(message: str) -> str:
+    """A model family's refusal as a key of the experiment: ``max_length: …`` is
+    ``model.max_length: …``, and one naming no key (``transformer models read exactly one
+    input``) is pinned on ``model.type``, the line that chose the family."""
+    key, colon, rest = message.partition(": ")
+    if colon and key.isidentifier():
+        return f"model.{key}: {rest}"
+    return f"model.type: {message}"

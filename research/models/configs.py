@@ -95,10 +95,12 @@ class TransformerShape(StrictModel):
         size = self.max_length or length
         if size is None:
             raise ValueError(
-                f"input {name!r} has no fixed length: set max_length in the model config"
+                f"max_length: input {name!r} has no fixed length, so the position table "
+                "needs one: set max_length (or give the input a fixed length, as an "
+                "experiment's data.sequence_length does)"
             )
         if length is not None and length > size:
-            raise ValueError(f"input {name!r} has length {length} > max_length={size}")
+            raise ValueError(f"max_length: input {name!r} has length {length} > {size}")
         return size
 
 
