@@ -18,6 +18,7 @@ import tensorflow as tf
 import tf_keras as keras
 from ai_edge_litert.interpreter import Interpreter
 
+from compression.converter_log import native_output_captured, refusal
 from compression.errors import CompressionError
 from compression.loading import named_inputs, output_names, read_signature
 from contracts.model_manifest import SIGNATURE_KEY
@@ -124,12 +125,13 @@ def to_tflite(
             # The converter calibrates int8 with TensorFlow's own deprecated interpreter;
             # its deprecation warning is addressed to TensorFlow, not to our users.
             warnings.filterwarnings("ignore", message=r"\s*Warning: tf\.lite\.Interpreter")
-            if float_tensors or float_ops:
-                flatbuffer = _selective(converter, float_tensors, float_ops)
-            else:
-                flatbuffer = converter.convert()
+            with native_output_captured():
+                if float_tensors or float_ops:
+                    flatbuffer = _selective(converter, float_tensors, float_ops)
+                else:
+                    flatbuffer = converter.convert()
     except Exception as exc:  # the converter raises ConverterError, RuntimeError, ValueError...
-        raise CompressionError(f"TFLite conversion failed: {_first_lines(str(exc))}") from None
+        raise CompressionError(f"TFLite conversion failed: {refusal(str(exc))}") from None
     check_signature(flatbuffer, *_expected_names(model_or_saved_model))
     return flatbuffer
 
@@ -154,11 +156,6 @@ def _expected_names(model_or_saved_model: keras.Model | str | Path) -> tuple[lis
         return list(named_inputs(model_or_saved_model)), output_names(model_or_saved_model)
     signature = read_signature(model_or_saved_model)
     return list(signature["inputs"]), list(signature["outputs"])
-
-
-def _first_lines(message: str, count: int = 6) -> str:
-    lines = [line for line in message.splitlines() if line.strip()]
-    return "\n".join(lines[:count])
 
 
 def signature_names(flatbuffer: bytes) -> tuple[list[str], list[str]]:

@@ -22,6 +22,7 @@ import tf_keras as keras
 
 from compression import clustering, pruning, ptq, qat
 from compression import distill as distillation
+from compression.converter_log import logging_to
 from compression.errors import CompressionError
 from compression.evaluate import (
     EvalData,
@@ -60,6 +61,7 @@ REFERENCE_METHOD = "float32"
 AUTO = "auto"
 VALIDATION_SPLIT = "validation"
 JUDGE_EXAMPLES = 1000  # enough to resolve a 1-point drop, few enough to be quick
+CONVERTER_LOG = "converter.log"  # beside the report: what the TFLite converter printed
 
 Progress = Callable[[str], None]
 
@@ -379,7 +381,20 @@ def compress(
     *,
     progress: Progress = lambda message: None,
 ) -> CompressionRun:
-    """Run ``options.methods`` on the source version and report (and publish) the results."""
+    """Run ``options.methods`` on the source version and report (and publish) the results.
+
+    The TFLite converter's own output goes to ``converter.log`` in ``report_dir``."""
+    with logging_to(Path(report_dir) / CONVERTER_LOG):
+        return _compress_and_report(model_dir, dataset_dir, options, report_dir, progress)
+
+
+def _compress_and_report(
+    model_dir: str | Path,
+    dataset_dir: str | Path,
+    options: CompressOptions,
+    report_dir: str | Path,
+    progress: Progress,
+) -> CompressionRun:
     model_dir, dataset_dir = Path(model_dir), Path(dataset_dir)
     # Every model built here (pruning and quantization wrappers, fine-tuning) computes in
     # float32, whatever policy a training run earlier in this process left behind.
