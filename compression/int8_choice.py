@@ -13,7 +13,10 @@ conversion on the *validation* split (the test split stays for the report):
    (scores, mask, softmax, the value product) float;
 3. ``attention_norm_float``: those and the whole layer norms float (statistics and
    scale-and-shift arithmetic, so no quantize/dequantize pair sits inside a norm);
-4. ``16x8``: int16 activations with int8 weights.
+4. ``feature_mix_float``: where a concatenation joins encodings of different inputs
+   (pooled text beside standardized numbers), those encoders, the concatenation and
+   the layer reading it float, since int8 would give the whole joined vector one scale;
+5. ``16x8``: int16 activations with int8 weights.
 
 Full int8 is kept when it passes the accuracy gate and is not slower than float32.
 Otherwise every scheme is measured and the fastest one passing the gate wins (none
@@ -42,7 +45,13 @@ from compression.errors import CompressionError
 from compression.evaluate import EvalData, EvalSettings, Evaluation, evaluate_tflite_models
 from compression.ptq import check_samples, io_types
 from compression.result import CompressedModel
-from compression.tflite_graph import attention_score_tensors, layer_norm_tensors, op_counts
+from compression.tflite_graph import (
+    attention_score_tensors,
+    feature_mix_tensors,
+    layer_names,
+    layer_norm_tensors,
+    op_counts,
+)
 
 FLOAT32 = "float32"
 
@@ -54,6 +63,11 @@ class Scheme:
     name: str
     description: str
     arguments: Mapping[str, Any] = field(default_factory=dict)
+    why: str = ""  # why what it keeps float cannot be int8
+
+    def float_layers(self) -> list[str]:
+        """The Keras layers this scheme keeps (partly) float."""
+        return layer_names(self.arguments.get("float_tensors", ()))
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,10 @@ def schemes(float_tflite: bytes) -> list[Scheme]:
     """The schemes worth trying for this model, most quantized first."""
     attention = attention_score_tensors(float_tflite)
     found = [Scheme("full", "nothing", {"integer_only": True})]
+    masked_scores = (
+        "masked attention scores span the −1e9 of the mask and the real scores, which one "
+        "int8 scale would make a single value"
+    )
     if attention:
         norms = layer_norm_tensors(float_tflite)
         found += [
@@ -112,14 +130,27 @@ def schemes(float_tflite: bytes) -> list[Scheme]:
                 "attention_float",
                 f"the attention score paths ({len(attention)} tensors)",
                 {"float_tensors": attention},
+                masked_scores,
             ),
             Scheme(
                 "attention_norm_float",
                 f"the attention score paths ({len(attention)} tensors) and layer norms "
                 f"({len(norms)} tensors)",
                 {"float_tensors": attention + norms},
+                f"{masked_scores}; layer norms run on reference kernels in int8",
             ),
         ]
+    mixed = feature_mix_tensors(float_tflite)
+    if mixed:
+        found.append(
+            Scheme(
+                "feature_mix_float",
+                f"the input encoders, their concatenation and its reader ({len(mixed)} tensors)",
+                {"float_tensors": mixed},
+                "a concatenation gives every input joined in it one int8 scale, set by the "
+                "widest range, which leaves narrow encodings few levels",
+            )
+        )
     found.append(Scheme("16x8", "nothing; activations int16, weights int8",
                         {"int16_activations": True}))  # fmt: skip
     return found
@@ -251,13 +282,18 @@ def choose_int8(
         chosen, reason = _pick(trials, judge.max_accuracy_drop)
     chosen, granularity = _per_tensor_if_it_passes(model, samples, judge, chosen, trials)
     assert chosen.tflite is not None
+    float_layers = chosen.scheme.float_layers()
+    kept_float = (
+        f"; float layers: {', '.join(float_layers)} ({chosen.scheme.why})" if float_layers else ""
+    )
     details: dict[str, Any] = {
         "weights": "int8",
         "activations": "int16" if chosen.scheme.name == "16x8" else "int8",
         "scheme": chosen.scheme.name,
         "float": chosen.scheme.description,
+        "float_layers": float_layers,
         "weight_scales": _weight_scales(chosen.per_tensor),
-        "reason": f"{reason}; {granularity}",
+        "reason": f"{reason}; {granularity}{kept_float}",
         "trials": [trial.to_json() for trial in trials],
         "validation_split": judge.data.split,
         "calibration_samples": len(samples),

@@ -39,6 +39,7 @@ class Graph:
 
     ops: tuple[Op, ...]
     tensor_names: dict[int, str]
+    inputs: tuple[int, ...] = ()  # the model's input tensors
 
     @classmethod
     def read(cls, flatbuffer: bytes) -> Graph:
@@ -52,7 +53,8 @@ class Graph:
             for detail in interpreter._get_ops_details()  # the only op-level view LiteRT offers
         )
         names = {detail["index"]: detail["name"] for detail in interpreter.get_tensor_details()}
-        return cls(ops, names)
+        inputs = tuple(int(detail["index"]) for detail in interpreter.get_input_details())
+        return cls(ops, names, inputs)
 
     def producer(self, tensor: int) -> Op | None:
         return next((op for op in self.ops if tensor in op.outputs), None)
@@ -139,3 +141,58 @@ def layer_norm_tensors(flatbuffer: bytes) -> list[str]:
     return [
         graph.tensor_names[tensor] for op in graph.ops if id(op) in chosen for tensor in op.outputs
     ]
+
+
+def feature_mix_tensors(flatbuffer: bytes) -> list[str]:
+    """Output tensor names of the ops that encode several model inputs and join them.
+
+    A CONCATENATION whose parts descend from different model inputs (a pooled text
+    embedding beside standardized numbers) gives all of them one int8 scale, set by the
+    widest part's range: a number whose tail reaches 7 standard deviations leaves an
+    embedding of magnitude 0.1 a handful of levels. Kept float here: every op from the
+    inputs up to such a concatenation, the concatenation, and the ops that read it (the
+    first Dense), whose int8 input would have that one scale again. What follows (hidden
+    layers, heads) stays int8.
+    """
+    graph = Graph.read(flatbuffer)
+    origins: dict[int, frozenset[int]] = {tensor: frozenset([tensor]) for tensor in graph.inputs}
+    for op in graph.ops:  # execution order: an op's inputs are settled before it
+        reached = frozenset().union(*(origins.get(tensor, frozenset()) for tensor in op.inputs))
+        origins.update((tensor, reached) for tensor in op.outputs)
+    chosen: set[int] = set()
+    for op in graph.ops:
+        parts = [origins.get(tensor, frozenset()) for tensor in op.inputs]
+        if op.name != "CONCATENATION" or len({part for part in parts if part}) < 2:
+            continue
+        chosen.add(id(op))
+        chosen.update(id(ancestor) for ancestor in _ancestors(graph, op))
+        chosen.update(id(reader) for tensor in op.outputs for reader in graph.consumers(tensor))
+    return [
+        graph.tensor_names[tensor] for op in graph.ops if id(op) in chosen for tensor in op.outputs
+    ]
+
+
+def _ancestors(graph: Graph, op: Op) -> Iterable[Op]:
+    """Every op whose output ``op`` reads, directly or through others."""
+    frontier, seen = list(op.inputs), set()
+    while frontier:
+        producer = graph.producer(frontier.pop())
+        if producer is None or id(producer) in seen:
+            continue
+        seen.add(id(producer))
+        yield producer
+        frontier.extend(producer.inputs)
+
+
+def layer_names(tensor_names: Iterable[str]) -> list[str]:
+    """The Keras layers that TFLite tensors belong to, in first-seen order.
+
+    The converter names a tensor after the TensorFlow ops fused into it, each
+    ``model/layer/op`` and joined by ``;``, so the second component is the layer."""
+    layers: dict[str, None] = {}
+    for name in tensor_names:
+        for part in name.split(";"):
+            components = part.split("/")
+            if len(components) > 2 and components[1]:
+                layers[components[1]] = None
+    return list(layers)

@@ -131,3 +131,63 @@ def write_text_spec(directory: Path, texts: list[str], text: dict, **spec: Any) 
         "split": {"ratios": {"train": 0.8, "test": 0.2}, "key": "id"},
     }
     return write_spec(directory / "texts.yaml", {**base, **spec})
+
+
+TICKET_QUEUES = ("billing", "outage", "account", "shipping")
+
+
+def write_ticket_table(directory: Path, count: int = 2400, seed: int = 7) -> Path:
+    """A support-ticket table as a help desk exports it, and a spec; the spec's path.
+
+    Each row has free text (words of its queue among words of others and filler), the
+    channel it came in on (a category that leans on the queue), an amount whose heavy
+    tail reaches many standard deviations (billing tickets are larger), hours waited,
+    and the queue: the label. Every kind of raw feature at once, with scales far apart.
+    """
+    rng = np.random.default_rng(seed)
+    words = {
+        "billing": "invoice charge refund payment card overcharged receipt price",
+        "outage": "down error crash timeout unavailable broken slow server",
+        "account": "password login reset email username locked profile access",
+        "shipping": "package delivery tracking courier late address parcel arrived",
+    }
+    filler = [
+        "please",
+        "help",
+        "hello",
+        "thanks",
+        "urgent",
+        "today",
+        "again",
+        "still",
+        "issue",
+        "problem",
+    ]
+    channels = ("email", "phone", "chat")
+    lines = ["id,text,channel,amount,wait_hours,queue"]
+    for index in range(count):
+        queue = int(rng.integers(len(TICKET_QUEUES)))
+        own = rng.choice(words[TICKET_QUEUES[queue]].split(), size=int(rng.integers(1, 4)))
+        other_queue = TICKET_QUEUES[int(rng.integers(len(TICKET_QUEUES)))]
+        other = rng.choice(words[other_queue].split(), size=int(rng.integers(0, 3)))
+        padding = rng.choice(filler, size=int(rng.integers(2, 8)))
+        text = " ".join(rng.permutation(np.concatenate([own, other, padding])))
+        channel = channels[(queue + int(rng.integers(0, 2))) % len(channels)]
+        amount = round(float(rng.lognormal(3.0 + 1.5 * (queue == 0), 1.0)), 2)
+        wait_hours = round(float(rng.exponential(5.0 + 20.0 * (queue == 3))), 1)
+        lines.append(f"{index},{text},{channel},{amount},{wait_hours},{TICKET_QUEUES[queue]}")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tickets.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    spec = {
+        "name": "tickets",
+        "sources": [{"type": "csv", "path": "tickets.csv"}],
+        "schema": {
+            "id": {"type": "numeric", "dtype": "int64"},
+            "text": {"type": "text"},
+            "channel": {"type": "categorical"},
+            "queue": {"type": "categorical"},
+        },
+        "labels": ["queue"],
+        "split": {"key": "id"},
+    }
+    return write_spec(directory / "tickets.yaml", spec)
