@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.yaml_config import ConfigError
-from research.data.records import ORIGIN, RANK
+from research.data.records import ORIGIN, is_bookkeeping
 from research.data.sources import sample_records
 from research.data.spec import DatasetSpec, FieldSchema
 from research.data.values import (
@@ -58,7 +58,7 @@ def infer_schema(spec: DatasetSpec, sample_size: int = SAMPLE_SIZE) -> dict[str,
     observed: dict[str, Observed] = {}
     for record in records:
         for name, value in record.items():
-            if name in (ORIGIN, RANK):
+            if is_bookkeeping(name):
                 continue
             values = observed.setdefault(name, [])
             if value is not None and value != "":

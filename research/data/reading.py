@@ -24,7 +24,7 @@ from PIL import Image
 from contracts.yaml_config import ConfigError
 from research.data import filesystems
 from research.data.line_ranges import LineRange, open_range
-from research.data.records import ORIGIN, RANK, Record, make_rank, quarantine_entry
+from research.data.records import ORIGIN, RANK, TABLE_DIR, Record, make_rank, quarantine_entry
 from research.data.spec import (
     CsvSource,
     Hdf5Source,
@@ -39,6 +39,8 @@ STAGE = "read"
 
 # ``surrogateescape`` turns every undecodable byte into one of these code points, so a
 # reader can keep streaming past a bad line and still tell it apart from good text.
+TABLE_SOURCES = frozenset({"csv", "jsonl"})  # sources whose cells may name image files
+
 UNDECODABLE = re.compile("[\udc80-\udcff]")
 
 
@@ -74,8 +76,14 @@ def open_text(unit: SourceFile, encoding: str, newline: str | None = None) -> IO
 
 
 def source_record(unit: SourceFile, position: int, origin: str, fields: dict[str, Any]) -> Record:
-    """A record of ``unit`` at ``position`` (line, index, ...), ranked by where it was read."""
-    return {**fields, ORIGIN: origin, RANK: make_rank(unit.index, unit.display, position)}
+    """A record of ``unit`` at ``position`` (line, index, ...), ranked by where it was read.
+
+    A table's records also carry its directory, since their cells may name image files
+    beside it."""
+    record = {**fields, ORIGIN: origin, RANK: make_rank(unit.index, unit.display, position)}
+    if unit.source.type in TABLE_SOURCES:
+        record[TABLE_DIR] = filesystems.split(unit.path)[0]
+    return record
 
 
 def quarantined(origin: str, reason: str, raw: Any) -> dict[str, str]:

@@ -11,6 +11,8 @@ underscore are bookkeeping and never reach the written Examples:
   smallest rank, so every run and every runner chooses the same one.
 - ``_num_tokens``: text field -> the number of tokens its learned model makes of the
   record's text, for the token statistics (research.data.tokenizer).
+- ``_table_dir``: for a record of a CSV or JSON Lines file, the file's directory, where
+  image paths in its cells are taken from (research.data.image_cells).
 
 Records that cannot be used are not dropped silently: they go to the quarantine
 output as ``{"origin", "stage", "reason", "raw"}`` and are written to
@@ -32,6 +34,7 @@ Record = dict[str, Any]
 ORIGIN = "_origin"
 RANK = "_rank"
 TOKEN_COUNTS = "_num_tokens"
+TABLE_DIR = "_table_dir"
 QUARANTINE_TAG = "quarantine"
 DROPPED_TAG = "dropped"
 METRICS_NAMESPACE = "slipway.data"
@@ -46,9 +49,14 @@ def make_rank(source_index: int, path: str, position: int) -> str:
     return f"{source_index:04d}|{path}|{position:012d}"
 
 
+def is_bookkeeping(key: str) -> bool:
+    """Whether a record key is the pipeline's own (``_origin``, ``_rank``, …), not a field."""
+    return key.startswith("_")
+
+
 def public_fields(record: Record) -> dict[str, Any]:
     """The record without its bookkeeping keys."""
-    return {key: value for key, value in record.items() if not key.startswith("_")}
+    return {key: value for key, value in record.items() if not is_bookkeeping(key)}
 
 
 def quarantine_entry(origin: str, stage: str, reason: str, raw: Any) -> dict[str, str]:

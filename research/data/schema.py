@@ -22,13 +22,16 @@ from PIL import Image
 
 from contracts.yaml_config import ConfigError
 from research.data.feature_names import feature_names
+from research.data.image_cells import ImageCellError, image_cell_bytes
 from research.data.inference import infer_schema
 from research.data.reading import encode_png
 from research.data.records import (
     ORIGIN,
     QUARANTINE_TAG,
+    TABLE_DIR,
     Record,
     count,
+    is_bookkeeping,
     public_fields,
     quarantine_entry,
 )
@@ -138,17 +141,22 @@ def conform_record(
     is named differently; a key there that is not a field is carried as it was read.
     """
     columns = columns or {}
+    table_dir = record.get(TABLE_DIR)
     typed = {
-        name: conform_value(columns.get(name, name), record.get(columns.get(name, name)), field)
+        name: conform_value(
+            columns.get(name, name), record.get(columns.get(name, name)), field, table_dir
+        )
         for name, field in schema.items()
     }
-    typed.update((key, value) for key, value in record.items() if key.startswith("_"))
+    typed.update((key, value) for key, value in record.items() if is_bookkeeping(key))
     typed.update((key, record.get(column)) for key, column in columns.items() if key not in schema)
     return typed
 
 
-def conform_value(name: str, value: Any, field: FieldSchema) -> Any:
-    """One value in its field's type, None when missing; ConformError when it does not fit."""
+def conform_value(name: str, value: Any, field: FieldSchema, table_dir: str | None = None) -> Any:
+    """One value in its field's type, None when missing; ConformError when it does not fit.
+
+    ``table_dir``: where image paths in a table's cells are taken from."""
     if value is None or value == "":
         return None
     if field.type == "numeric":
@@ -156,7 +164,7 @@ def conform_value(name: str, value: Any, field: FieldSchema) -> Any:
             return _vector(name, value, field)
         return _scalar(name, value, field.dtype)
     if field.type == "image":
-        return _image(name, value, field)
+        return _image(name, value, field, table_dir)
     return _string(name, value, field.type)
 
 
@@ -224,8 +232,13 @@ def _string(name: str, value: Any, kind: str) -> str:
     raise ConformError(name, f"{kind} (string)", value)
 
 
-def _image(name: str, value: Any, field: FieldSchema) -> bytes:
-    expected = f"image ({field.height}x{field.width}x{field.channels} PNG/JPEG/GIF bytes)"
+def _image(name: str, value: Any, field: FieldSchema, table_dir: str | None) -> bytes:
+    expected = f"image ({field.height}x{field.width}x{field.channels} PNG/JPEG/GIF)"
+    if isinstance(value, str | dict):  # a table's cell: a file path or base64 text
+        try:
+            value = image_cell_bytes(value, table_dir)
+        except ImageCellError as exc:
+            raise ConformError(name, expected, value, str(exc)) from None
     if not isinstance(value, bytes):
         raise ConformError(name, expected, value)
     try:

@@ -62,7 +62,7 @@ from research.data.reading import (
     undecodable,
     unreadable_entry,
 )
-from research.data.records import QUARANTINE_TAG, RANK, Record, count
+from research.data.records import QUARANTINE_TAG, RANK, Record, count, is_bookkeeping
 from research.data.spec import (
     CsvSource,
     DatasetSpec,
@@ -446,7 +446,7 @@ def source_notes(spec: DatasetSpec) -> list[str]:
 def _jsonl_columns(unit: SourceFile) -> list[str]:
     """The keys of the file's first ``JSONL_COLUMN_SAMPLE`` objects, first seen first."""
     records = islice(filter(is_record, _read_jsonl(unit)), JSONL_COLUMN_SAMPLE)
-    keys = (key for record in records for key in record if not key.startswith("_"))
+    keys = (key for record in records for key in record if not is_bookkeeping(key))
     return list(dict.fromkeys(keys))
 
 

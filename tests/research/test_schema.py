@@ -400,7 +400,7 @@ def test_an_undecodable_image_gets_the_same_reason_in_every_build() -> None:
             conform_value("img", b"garbage", field)
         reasons.add(str(raised.value))
     assert reasons == {
-        "field 'img': expected image (4x4x3 PNG/JPEG/GIF bytes), got <7 bytes> "
+        "field 'img': expected image (4x4x3 PNG/JPEG/GIF), got <7 bytes> "
         "(cannot decode image: cannot identify image file)"
     }
 
