@@ -52,7 +52,8 @@ def variants_finding(field: str, groups: list[list[tuple[str, int]]]) -> str:
     more = f"; and {len(groups) - GROUPS_SHOWN} more groups" if len(groups) > GROUPS_SHOWN else ""
     return (
         f"{field}: {'; '.join(described)}{more} differ only in case or spacing, and each "
-        "spelling is a category of its own; write each category one way in the sources"
+        "spelling is a category of its own; write each category one way in the sources, "
+        "or set quality.category_variants: merge"
     )
 
 

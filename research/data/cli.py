@@ -119,6 +119,8 @@ def run_build(args: argparse.Namespace) -> int:
         errors.print(f"[bold red]build refused:[/] {escape(str(exc))}", highlight=False)
         return EXIT_REFUSED
     console.print(render_report(result.report, title=f"{spec.name}: data report"))
+    for merged in result.report.get("merged_categories", []):
+        errors.print(f"[yellow]note:[/] {escape(merged)}", highlight=False, soft_wrap=True)
     for warning in result.report.get("warnings", []):
         errors.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     console.print(

@@ -28,6 +28,7 @@ from contracts.yaml_config import ConfigError
 from research.data import filesystems, publish, records
 from research.data.categories import CategoryVocabularies
 from research.data.category_checks import category_findings
+from research.data.category_merge import MergeCategorySpellings, merge_notes
 from research.data.clean import STRING_TYPES, CleanRecords
 from research.data.dedup import DeduplicateExact, DeduplicateNear
 from research.data.quality import (
@@ -113,6 +114,9 @@ def vocab_fields(spec: DatasetSpec, schema: dict[str, FieldSchema]) -> list[str]
     return [name for name, field in schema.items() if field.type == "text" and not field.words]
 
 
+MERGES_FILE = "category_merges.json"  # in the build directory: the spellings merged
+
+
 def training_split(spec: DatasetSpec) -> str:
     """The split tokenizers and category vocabularies are learned from."""
     return "train" if "train" in spec.split.ratios else next(iter(spec.split.ratios))
@@ -151,13 +155,27 @@ def construct_pipeline(
         filesystems.join(staging, QUARANTINE_FILE), scratch, pii_mask(spec.clean, schema, columns)
     )
 
+    merging = [
+        name for name, field in features.items() if field.type == "categorical"
+    ] if spec.quality.category_variants == "merge" else []  # fmt: skip
+    read_records = conformed.records
+    if merging:
+        merge = MergeCategorySpellings(merging)
+        read_records = read_records | "MergeCategorySpellings" >> merge
+        _ = (
+            merge.merges
+            | "MergeRows" >> beam.Map(lambda m: [m[0][0], m[0][1], m[1][0], m[1][1]])
+            | "MergeList" >> beam.combiners.ToList()
+            | "WriteMerges" >> _write_json(filesystems.join(build_dir, MERGES_FILE))
+        )
+
     # Each stage that removes records sends them to its ``dropped`` output.
     stages = [("Clean", CleanRecords(spec.clean, schema, required_fields(spec, schema)))]
     if spec.dedup.exact.enabled:
         stages.append(("ExactDedup", DeduplicateExact(spec.dedup.exact.fields, temp_dir=scratch)))
     if spec.dedup.near is not None:
         stages.append(("NearDedup", DeduplicateNear(spec.dedup.near, temp_dir=scratch)))
-    unique, dropped = conformed.records, []
+    unique, dropped = read_records, []
     for label, transform in stages:
         outputs = unique | label >> transform
         unique = outputs.records
@@ -332,6 +350,9 @@ def build_dataset(
             )
             report["schema"] = resolved.report()
             report["notes"] = source_notes(spec)
+            if spec.quality.category_variants == "merge":
+                merges = read_side_file(filesystems.join(build_dir, MERGES_FILE)) or []
+                report["merged_categories"] = merge_notes(merges)
             judge_categories(
                 report,
                 *category_findings(

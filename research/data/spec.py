@@ -353,10 +353,11 @@ class QualitySpec(StrictModel):
         description="largest share of the input records that may be quarantined or dropped "
         "by a clean rule; duplicates merged by dedup are not a loss",
     )
-    category_variants: Literal["warn", "refuse"] = Field(
+    category_variants: Literal["warn", "refuse", "merge"] = Field(
         default="warn",
         description="categorical values that differ only in case or spacing ('Red', 'RED'): "
-        "warn names them with their counts; refuse refuses the build",
+        "warn names them with their counts; refuse refuses the build; merge makes each the "
+        "most common spelling, labels included, and the report names the merges",
     )
     min_class_records: int = Field(
         default=5,

@@ -31,7 +31,8 @@ def test_findings_cover_every_split_and_only_labels_are_judged_for_size() -> Non
     variants, rare = category_findings(statistics, ["label", "colour"], ["label"], 5)
     assert variants == [
         "label: 'cat' (38), 'CAT' (1), 'Cat' (1) differ only in case or spacing, and each "
-        "spelling is a category of its own; write each category one way in the sources"
+        "spelling is a category of its own; write each category one way in the sources, "
+        "or set quality.category_variants: merge"
     ]
     assert rare == [
         "label: class(es) 'CAT' (1), 'Cat' (1), 'dog' (4) have fewer than 5 records "
@@ -74,3 +75,45 @@ def test_a_build_warns_by_default_and_refuses_when_asked(
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert len(report["warnings"]) == 2 and report["warnings"][0].startswith(variants)
     assert report["quality"]["passed"] is True
+
+
+def test_merge_makes_every_spelling_the_most_common_one_before_dedup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [f"{i},{i % 7},{'Class_1' if i % 2 else 'class_2'},{'red' if i % 3 else 'Blue'}"
+            for i in range(60)]  # fmt: skip
+    rows += ["60,1,CLASS_1,red", "61,2,class_1 ,RED", "62,3,Class_2,blue"]
+    rows += ["1,1,class_1,Red"]  # row 1 again, spelled otherwise: a duplicate once merged
+    (tmp_path / "t.csv").write_text("id,x,label,colour\n" + "\n".join(rows) + "\n")
+    spec = write_spec(
+        tmp_path / "t.yaml",
+        {
+            "name": "t",
+            "sources": [{"type": "csv", "path": "t.csv"}],
+            "schema": {"colour": {"type": "categorical"}},
+            "labels": ["label"],
+            "split": {"ratios": {"train": 0.8, "test": 0.2}, "seed": "s"},
+            "quality": {"category_variants": "merge"},
+        },
+    )
+    capsys.readouterr()
+
+    code = slipway("data", "build", str(spec), "--output", str(tmp_path / "out"))
+
+    screen = " ".join(capsys.readouterr().err.split())
+    assert code == 0
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["features"]["label"]["vocabulary"] == ["Class_1", "class_2"]
+    assert manifest["features"]["colour"]["vocabulary"] == ["Blue", "red"]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["merged_categories"] == [
+        "colour: 'blue' (1) merged into 'Blue' (quality.category_variants: merge)",
+        "colour: 'RED' (1), 'Red' (1) merged into 'red' (quality.category_variants: merge)",
+        "label: 'CLASS_1' (1), 'class_1' (1), 'class_1 ' (1) merged into 'Class_1' "
+        "(quality.category_variants: merge)",
+        "label: 'Class_2' (1) merged into 'class_2' (quality.category_variants: merge)",
+    ]
+    assert "note: colour: 'RED' (1), 'Red' (1) merged into 'red'" in screen
+    assert report["warnings"] == []  # nothing left spelled two ways
+    splits = manifest["splits"]
+    assert sum(split["num_records"] for split in splits.values()) == 63  # the duplicate merged
