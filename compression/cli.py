@@ -1,7 +1,7 @@
 """``slipway compress``: compress a published model, report the trade-offs, publish the winner.
 
 Exit codes: 0 done (and published when asked), 1 publishing was asked for but refused
-because no eligible result passed the accuracy gate, 2 bad input (a message naming it).
+because no eligible result passed the quality gate, 2 bad input (a message naming it).
 """
 
 from __future__ import annotations
@@ -65,6 +65,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1.0,
         metavar="POINTS",
         help="largest accuracy loss (percentage points) a result may have and pass (default 1.0)",
+    )
+    compress.add_argument(
+        "--max-error-increase",
+        type=float,
+        default=2.0,
+        metavar="PERCENT",
+        help="largest growth of a regression head's mean absolute error (percent of the "
+        "float32 conversion's) a result may have and pass (default 2.0)",
     )
     compress.add_argument(
         "--publish",
@@ -157,6 +165,7 @@ def run_compress(args: argparse.Namespace) -> int:
     options = CompressOptions(
         methods=args.method,
         max_accuracy_drop=args.max_accuracy_drop,
+        max_error_increase=args.max_error_increase,
         split=args.split,
         settings=EvalSettings(latency_runs=args.latency_runs),
         method_options=method_options,

@@ -18,7 +18,7 @@ conversion on the *validation* split (the test split stays for the report):
    the layer reading it float, since int8 would give the whole joined vector one scale;
 5. ``16x8``: int16 activations with int8 weights.
 
-Full int8 is kept when it passes the accuracy gate and is not slower than float32.
+Full int8 is kept when it passes the quality gate and is not slower than float32.
 Otherwise every scheme is measured and the fastest one passing the gate wins (none
 passing: the most accurate, which the report's gate then marks failed).
 
@@ -42,8 +42,9 @@ import tf_keras as keras
 
 from compression.convert import to_tflite
 from compression.errors import CompressionError
-from compression.evaluate import EvalData, EvalSettings, Evaluation, evaluate_tflite_models
+from compression.evaluate import EvalData, EvalSettings, evaluate_tflite_models
 from compression.ptq import check_samples, io_types
+from compression.quality_gate import QualityGate, accuracy_drops, error_increases
 from compression.result import CompressedModel
 from compression.tflite_graph import (
     attention_score_tensors,
@@ -76,7 +77,7 @@ class Judge:
 
     data: EvalData
     float_tflite: bytes
-    max_accuracy_drop: float
+    gate: QualityGate
     settings: EvalSettings = field(
         default_factory=lambda: EvalSettings(
             latency_runs=100, warmup_runs=10, throughput_seconds=0.0
@@ -92,14 +93,17 @@ class Trial:
     per_tensor: bool = False  # one weight scale per tensor rather than per output channel
     tflite: bytes | None = None
     accuracy_drop: float | None = None  # worst head, points; None: no classification head
+    error_increase: float | None = None  # worst head's MAE, percent; None: no regression head
     latency_p50_ms: float | None = None
     speedup: float | None = None  # float32 p50 over this p50
     error: str | None = None  # why the scheme could not be converted
 
-    def passes(self, max_drop: float) -> bool:
-        if self.tflite is None:
-            return False
-        return self.accuracy_drop is None or self.accuracy_drop <= max_drop + 1e-9
+    def passes(self, gate: QualityGate) -> bool:
+        return self.tflite is not None and gate.passes(self.accuracy_drop, self.error_increase)
+
+    def loss(self) -> tuple[float, float]:
+        """What the scheme lost, for choosing among failures: accuracy, then error."""
+        return self.accuracy_drop or 0.0, self.error_increase or 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -107,6 +111,7 @@ class Trial:
             "float": self.scheme.description,
             "weight_scales": _weight_scales(self.per_tensor),
             "validation_accuracy_drop": self.accuracy_drop,
+            "validation_mae_increase_percent": self.error_increase,
             "latency_p50_ms": self.latency_p50_ms,
             "speedup_vs_float32": self.speedup,
             # As converted: the pipeline strips only the result it keeps.
@@ -156,12 +161,8 @@ def schemes(float_tflite: bytes) -> list[Scheme]:
     return found
 
 
-def _worst_drop(reference: Evaluation, candidate: Evaluation) -> float | None:
-    drops = [
-        100.0 * (accuracy - candidate.accuracy.get(head, 0.0))
-        for head, accuracy in reference.accuracy.items()
-    ]
-    return max(drops) if drops else None
+def _worst(values: dict[str, float]) -> float | None:
+    return max(values.values()) if values else None
 
 
 def _weight_scales(per_tensor: bool) -> str:
@@ -201,17 +202,18 @@ def _measure(trials: Sequence[Trial], judge: Judge) -> None:
     reference = evaluations[FLOAT32]
     for name, trial in converted.items():
         evaluation = evaluations[name]
-        trial.accuracy_drop = _worst_drop(reference, evaluation)
+        trial.accuracy_drop = _worst(accuracy_drops(reference, evaluation))
+        trial.error_increase = _worst(error_increases(reference, evaluation))
         trial.latency_p50_ms = evaluation.latency_p50_ms
         trial.speedup = reference.latency_p50_ms / evaluation.latency_p50_ms
 
 
-def _pick(trials: Sequence[Trial], max_drop: float) -> tuple[Trial, str]:
-    passing = [trial for trial in trials if trial.passes(max_drop)]
+def _pick(trials: Sequence[Trial], gate: QualityGate) -> tuple[Trial, str]:
+    passing = [trial for trial in trials if trial.passes(gate)]
     if passing:
         best = min(passing, key=lambda trial: trial.latency_p50_ms or 0.0)
         return best, (
-            f"{best.scheme.name}: the fastest scheme within {max_drop:g} points of float32 "
+            f"{best.scheme.name}: the fastest scheme within the quality gate of float32 "
             f"on the validation split ({_figures(best)})"
         )
     converted = [trial for trial in trials if trial.tflite is not None]
@@ -220,20 +222,22 @@ def _pick(trials: Sequence[Trial], max_drop: float) -> tuple[Trial, str]:
             "no int8 scheme could be converted: "
             + "; ".join(f"{t.scheme.name}: {t.error}" for t in trials)
         )
-    best = min(converted, key=lambda trial: trial.accuracy_drop or 0.0)
+    best = min(converted, key=Trial.loss)
     return best, (
-        f"{best.scheme.name}: no scheme kept within {max_drop:g} points of float32; "
+        f"{best.scheme.name}: no scheme kept within the quality gate of float32; "
         f"this one lost least ({_figures(best)})"
     )
 
 
 def _figures(trial: Trial) -> str:
-    if trial.accuracy_drop is None:
-        drop = "no classification head"
-    else:
-        drop = f"{round(-trial.accuracy_drop, 2) + 0.0:+.2f} pts"
-    speed = "" if trial.speedup is None else f", {trial.speedup:.2f}× float32's speed"
-    return drop + speed
+    figures = []
+    if trial.accuracy_drop is not None:
+        figures.append(f"{round(-trial.accuracy_drop, 2) + 0.0:+.2f} pts")
+    if trial.error_increase is not None:
+        figures.append(f"MAE {round(trial.error_increase, 2) + 0.0:+.2f} %")
+    if trial.speedup is not None:
+        figures.append(f"{trial.speedup:.2f}× float32's speed")
+    return ", ".join(figures) or "no figures"
 
 
 def _per_tensor_if_it_passes(
@@ -248,12 +252,12 @@ def _per_tensor_if_it_passes(
     The same ops run either way, so only accuracy can tell them apart; the per-tensor
     file is the smaller one. The extra trial is appended to ``trials``.
     """
-    if not chosen.passes(judge.max_accuracy_drop):
+    if not chosen.passes(judge.gate):
         return chosen, "per-channel weight scales (the scheme fails the gate already)"
     candidate = _convert(model, samples, chosen.scheme, per_tensor=True)
     _measure([candidate], judge)
     trials.append(candidate)
-    if candidate.passes(judge.max_accuracy_drop):
+    if candidate.passes(judge.gate):
         return candidate, f"per-tensor weight scales also pass ({_figures(candidate)})"
     why = candidate.error or _figures(candidate)
     return chosen, f"per-channel weight scales (per tensor fails: {why})"
@@ -268,7 +272,7 @@ def choose_int8(
     trials = [_convert(model, samples, candidates[0])]
     _measure(trials, judge)
     full = trials[0]
-    if full.passes(judge.max_accuracy_drop) and (full.speedup or 0.0) >= 1.0:
+    if full.passes(judge.gate) and (full.speedup or 0.0) >= 1.0:
         chosen, reason = (
             full,
             (
@@ -279,7 +283,7 @@ def choose_int8(
     else:
         trials += [_convert(model, samples, scheme) for scheme in candidates[1:]]
         _measure(trials, judge)
-        chosen, reason = _pick(trials, judge.max_accuracy_drop)
+        chosen, reason = _pick(trials, judge.gate)
     chosen, granularity = _per_tensor_if_it_passes(model, samples, judge, chosen, trials)
     assert chosen.tflite is not None
     float_layers = chosen.scheme.float_layers()

@@ -50,10 +50,10 @@ from compression.methods import (
     THEN_METHODS,
 )
 from compression.publish import Source, publish_compressed
-from compression.report import BASELINE, FAILED, PASSED, Report, ReportFiles, Row, write_report
+from compression.quality_gate import QualityGate
+from compression.report import BASELINE, PASSED, Report, ReportFiles, Row, write_report
 from compression.result import CompressedModel
 from compression.strip import strip_for_serving
-from contracts.metric_values import non_finite
 from contracts.model_manifest import validate_model_name
 from contracts.serving_contract import ContractChangeError
 
@@ -110,14 +110,14 @@ class MethodRunner:
         loaded: LoadedModel,
         dataset_dir: Path,
         options: MethodOptions,
-        max_accuracy_drop: float = 1.0,
+        gate: QualityGate | None = None,
     ) -> None:
         self.model = loaded.model
         self.signature = loaded.signature
         self.heads = infer_heads(loaded.model, loaded.manifest.get("labels"))
         self.dataset_dir = dataset_dir
         self.options = options
-        self.max_accuracy_drop = max_accuracy_drop
+        self.gate = gate or QualityGate()
         self._train: TrainingData | None = None
         self._representative: list | None = None
         self._float32: CompressedModel | None = None
@@ -152,7 +152,7 @@ class MethodRunner:
             data = load_eval_data(
                 self.dataset_dir, self.signature, split, max_examples=JUDGE_EXAMPLES
             )
-            self._judge = Judge(data, self.float32().tflite, self.max_accuracy_drop)
+            self._judge = Judge(data, self.float32().tflite, self.gate)
         return self._judge
 
     def _retrain(self, method: str) -> CompressedModel:
@@ -256,6 +256,7 @@ class CompressOptions:
 
     methods: Sequence[str]
     max_accuracy_drop: float = 1.0
+    max_error_increase: float = 2.0
     split: str = "test"
     settings: EvalSettings = field(default_factory=EvalSettings)
     method_options: MethodOptions = field(default_factory=MethodOptions)
@@ -263,6 +264,10 @@ class CompressOptions:
     repository: Path | None = None
     model_name: str | None = None
     allow_contract_change: bool = False
+
+    @property
+    def gate(self) -> QualityGate:
+        return QualityGate(self.max_accuracy_drop, self.max_error_increase)
 
     def __post_init__(self) -> None:
         methods = parse_methods(self.methods)
@@ -282,10 +287,7 @@ class CompressOptions:
             raise CompressionError(
                 f"--then {self.method_options.then}: choose from {', '.join(THEN_METHODS)}"
             )
-        if self.max_accuracy_drop < 0:
-            raise CompressionError(
-                f"--max-accuracy-drop must be >= 0 points, got {self.max_accuracy_drop:g}"
-            )
+        _ = self.gate  # building it refuses negative limits
         if self.model_name is not None:
             try:
                 validate_model_name(self.model_name)
@@ -327,49 +329,19 @@ class CompressionRun:
     refusal: str | None = None
 
 
-def gate(
-    baseline: Evaluation, evaluation: Evaluation, max_drop: float
-) -> tuple[str, float | None, str]:
-    """(status, worst accuracy drop in points, note) of one result against the baseline.
-
-    Each classification head may lose at most ``max_drop`` points; a model without
-    classification heads has no accuracy to lose and passes on accuracy. A result whose
-    accuracy or mean absolute error is not finite (NaN outputs, say) fails.
-    """
-    unmeasured = [
-        f"{figure} of {head!r} is {non_finite(value)}"
-        for figure, values in (("accuracy", evaluation.accuracy), ("mae", evaluation.mae))
-        for head, value in values.items()
-        if non_finite(value) is not None
-    ]
-    if unmeasured:
-        return FAILED, None, f"{'; '.join(unmeasured)}, not a number to judge"
-    drops = {
-        head: 100.0 * (accuracy - evaluation.accuracy.get(head, 0.0))
-        for head, accuracy in baseline.accuracy.items()
-    }
-    if not drops:
-        return PASSED, None, ""
-    head, worst = max(drops.items(), key=lambda item: item[1])
-    if worst > max_drop + 1e-9:
-        where = f" on {head!r}" if len(drops) > 1 else ""
-        return FAILED, worst, f"accuracy drops {worst:.2f} points{where} (max {max_drop:g})"
-    return PASSED, worst, ""
-
-
 def choose(outcomes: dict[str, Outcome], wanted: str) -> tuple[Outcome | None, str | None]:
     """The outcome to publish, or why there is none."""
     if wanted != AUTO:
         outcome = outcomes[wanted]
         if outcome.row.status != PASSED:
-            return None, f"{wanted} failed the accuracy gate ({outcome.row.note}); not published"
+            return None, f"{wanted} failed the quality gate ({outcome.row.note}); not published"
         return outcome, None
     passing = [
         outcomes[name] for name in INTEGER_METHODS
         if name in outcomes and outcomes[name].row.status == PASSED
     ]  # fmt: skip
     if not passing:
-        return None, "no integer result passed the accuracy gate; nothing published"
+        return None, "no integer result passed the quality gate; nothing published"
     return min(passing, key=lambda outcome: outcome.row.evaluation.size_bytes), None
 
 
@@ -418,7 +390,7 @@ def _compress_and_report(
     progress(f"measuring the float32 baseline on {data.num_examples} {options.split} examples")
     baseline = evaluate_saved_model(model_dir, served, settings=options.settings)
     rows = [Row("float32", "SavedModel", baseline, BASELINE)]
-    runner = MethodRunner(loaded, dataset_dir, options.method_options, options.max_accuracy_drop)
+    runner = MethodRunner(loaded, dataset_dir, options.method_options, options.gate)
     compressed_models: dict[str, CompressedModel] = {}
     for method in options.methods:
         progress(f"{method}: compressing")
@@ -438,7 +410,7 @@ def _compress_and_report(
         evaluation = evaluations[method]
         # Conversion is judged against the SavedModel; every method against the conversion.
         against = baseline if method == REFERENCE_METHOD else evaluations[REFERENCE_METHOD]
-        status, drop, note = gate(against, evaluation, options.max_accuracy_drop)
+        status, drop, note = options.gate.judge(against, evaluation)
         row = Row(compressed.method, "TFLite", evaluation, status, drop, compressed.details, note)
         outcomes[method] = Outcome(compressed, row)
         rows.append(row)
@@ -447,6 +419,7 @@ def _compress_and_report(
         dataset=str(dataset_dir.resolve()),
         split=options.split,
         max_accuracy_drop=options.max_accuracy_drop,
+        max_error_increase=options.max_error_increase,
         settings=options.settings,
         rows=rows,
         size_reference=REFERENCE_METHOD,
@@ -489,5 +462,6 @@ def _gate_record(row: Row, options: CompressOptions, files: ReportFiles) -> dict
     return {
         "accuracy_drop_points": row.accuracy_drop,
         "max_accuracy_drop_points": options.max_accuracy_drop,
+        "max_error_increase_percent": options.max_error_increase,
         "report": str(files.json.resolve()),
     }

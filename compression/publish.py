@@ -4,7 +4,7 @@ The version holds ``model.tflite`` always and, when the method kept Keras weight
 (pruned, clustered, float), a SavedModel with the same ``serving_default`` signature,
 so the gateway can serve either. ``slipway.json`` vouches for every file and records
 what was done (method and its details), how the result measured (the evaluation that
-passed the accuracy gate) and where it came from (source version and its provenance,
+passed the quality gate) and where it came from (source version and its provenance,
 dataset, code commit). The version appears atomically through
 ``contracts.model_repository.publish_version``.
 """
@@ -106,7 +106,7 @@ def publish_compressed(
     """Write ``compressed`` as ``<repository>/<model_name>/<next version>/``.
 
     ``model_name`` defaults to the source model's name; ``compression`` adds to the
-    manifest's ``compression`` section (the accuracy gate, the report's location). The
+    manifest's ``compression`` section (the quality gate, the report's location). The
     version must keep the serving contract of the newest version already published
     under that name (else of the source version): ``ContractChangeError`` names each
     difference, unless ``allow_contract_change``.

@@ -65,6 +65,7 @@ class Report:
     size_reference: str = "float32"
     machine: dict[str, Any] = field(default_factory=dict)
     published: dict[str, Any] | None = None
+    max_error_increase: float = 2.0  # percent of a regression head's MAE
 
     def __post_init__(self) -> None:
         if not self.rows or self.rows[0].status != BASELINE:
@@ -112,6 +113,7 @@ class Report:
             "dataset": self.dataset,
             "split": self.split,
             "max_accuracy_drop": self.max_accuracy_drop,
+            "max_error_increase_percent": self.max_error_increase,
             "settings": self.settings.to_json(),
             "machine": self.machine,
             "reference": {"method": reference.method, "artifact": reference.artifact},
@@ -219,8 +221,9 @@ def render_markdown(report: Report) -> str:
         f"- source: `{model.get('path', '?')}`",
         f"- evaluated on split `{report.split}` of `{report.dataset}` "
         f"({report.baseline.evaluation.examples} examples)",
-        f"- accuracy gate: a result may lose at most {report.max_accuracy_drop:g} percentage "
-        f"points on any classification head against the {reference.method} "
+        f"- quality gate: a result may lose at most {report.max_accuracy_drop:g} percentage "
+        f"points on any classification head, and a regression head's mean absolute error "
+        f"may grow at most {report.max_error_increase:g} %, against the {reference.method} "
         f"{reference.artifact} (that conversion: against the SavedModel)",
         f"- like for like: every TFLite result against the {reference.method} "
         f"{reference.artifact} ({human_bytes(reference.evaluation.size_bytes)}, "

@@ -36,9 +36,9 @@ from compression.pipeline import (
     MethodRunner,
     choose,
     compress,
-    gate,
 )
 from compression.publish import publish_compressed
+from compression.quality_gate import QualityGate
 from compression.report import FAILED, PASSED
 from compression.result import CompressedModel
 from contracts.dataset_manifest import load_manifest
@@ -182,16 +182,16 @@ def test_report_is_written_with_the_baseline_first(mlp_source: SourceModel, tmp_
 def test_gate_marks_a_drop_beyond_the_limit_failed(baseline) -> None:
     worse = {"label": baseline.accuracy["label"] - 0.02}
     failing = dataclasses.replace(baseline, accuracy=worse)
-    status, drop, note = gate(baseline, failing, max_drop=1.0)
+    status, drop, note = QualityGate(max_accuracy_drop=1.0).judge(baseline, failing)
     assert (status, drop) == (FAILED, pytest.approx(2.0))
     assert "2.00 points" in note
-    assert gate(baseline, failing, max_drop=2.5)[0] == PASSED
+    assert QualityGate(max_accuracy_drop=2.5).judge(baseline, failing)[0] == PASSED
 
 
 @pytest.mark.parametrize("figure", ["accuracy", "mae"])
 def test_gate_fails_a_result_whose_figures_are_not_finite(baseline, figure: str) -> None:
     broken = dataclasses.replace(baseline, **{figure: {"label": float("nan")}})
-    status, drop, note = gate(baseline, broken, max_drop=100.0)
+    status, drop, note = QualityGate(max_accuracy_drop=100.0).judge(baseline, broken)
     assert (status, drop) == (FAILED, None)
     assert f"{figure} of 'label' is nan" in note
 
@@ -218,8 +218,8 @@ def test_a_failing_result_is_marked_and_never_published(
     row = run.outcomes["int8"].row
     assert row.status == FAILED and row.accuracy_drop > 1.0
     assert run.published is None
-    assert run.refusal.startswith("int8 failed the accuracy gate")
-    assert choose(run.outcomes, "auto") == (None, "no integer result passed the accuracy gate; "
+    assert run.refusal.startswith("int8 failed the quality gate")
+    assert choose(run.outcomes, "auto") == (None, "no integer result passed the quality gate; "
                                             "nothing published")  # fmt: skip
     assert versions(tmp_path / "repo") == []
     report = json.loads(run.files.json.read_text())

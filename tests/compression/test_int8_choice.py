@@ -18,6 +18,7 @@ import tf_keras as keras
 from compression import ptq
 from compression.evaluate import EvalData
 from compression.int8_choice import Judge, choose_int8
+from compression.quality_gate import QualityGate
 from compression.tflite_graph import attention_score_tensors, op_counts
 
 LENGTH, VOCAB = 16, 40
@@ -48,7 +49,7 @@ def judge(model: keras.Model, max_drop: float) -> Judge:
     features = tokens(np.random.default_rng(1), 400)
     labels = np.argmax(model.predict(features, verbose=0), axis=-1)
     data = EvalData(Path("."), "validation", {"tokens": features}, {"label": labels})
-    return Judge(data, ptq.float32(model).tflite, max_drop)
+    return Judge(data, ptq.float32(model).tflite, QualityGate(max_drop))
 
 
 def samples() -> list[dict[str, np.ndarray]]:
@@ -94,7 +95,9 @@ def test_full_int8_is_tried_first_and_kept_unless_slower_than_float() -> None:
     labels = np.argmax(dense.predict(features, verbose=0), axis=-1)
     data = EvalData(Path("."), "validation", {"x": features}, {"label": labels})
     calibration = [{"x": row[None]} for row in features[:50]]
-    result = choose_int8(dense, calibration, Judge(data, ptq.float32(dense).tflite, 100.0))
+    result = choose_int8(
+        dense, calibration, Judge(data, ptq.float32(dense).tflite, QualityGate(100.0))
+    )
     full = result.details["trials"][0]
     assert full["scheme"] == "full" and full["validation_accuracy_drop"] <= 100.0
     if result.details["scheme"] != "full":  # only a slower full int8 is replaced

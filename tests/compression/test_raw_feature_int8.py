@@ -19,6 +19,8 @@ from compression import ptq
 from compression.evaluate import EvalSettings
 from compression.loading import load_version
 from compression.pipeline import CONVERTER_LOG, CompressOptions, compress
+from compression.quality_gate import error_increases
+from compression.report import FAILED, PASSED
 from compression.tflite_graph import feature_mix_tensors, layer_names
 from contracts.yaml_config import ConfigError
 from research.data.pipeline import build_dataset
@@ -33,12 +35,14 @@ from training.run import train
 MLP = {"type": "mlp", "hidden_units": [64], "dropout": 0.0}
 TRANSFORMER = {"type": "transformer", "num_layers": 1, "d_model": 16, "num_heads": 2,
                "ff_dim": 32, "dropout": 0.0}  # fmt: skip
-# model, the features it reads, training steps
-CASES: dict[str, tuple[dict[str, Any], list[str], int]] = {
-    "mlp-text-category-numbers": (MLP, ["text", "channel", "amount", "wait_hours"], 300),
-    "mlp-text-and-one-number": (MLP, ["text", "amount"], 300),
-    "transformer-text": ({**TRANSFORMER, "max_length": 40}, ["text"], 300),
+# model, the features it reads, the label it predicts
+CASES: dict[str, tuple[dict[str, Any], list[str], str]] = {
+    "mlp-text-category-numbers": (MLP, ["text", "channel", "amount"], "queue"),
+    "mlp-text-and-one-number": (MLP, ["text", "amount"], "queue"),
+    "transformer-text": ({**TRANSFORMER, "max_length": 40}, ["text"], "queue"),
+    "mlp-regression": (MLP, ["text", "channel", "amount"], "wait_hours"),
 }
+STEPS = 300
 QUICK = EvalSettings(latency_runs=10, warmup_runs=2, throughput_seconds=0.0)
 
 
@@ -65,13 +69,19 @@ def versions(tickets: Path, tmp_path_factory: pytest.TempPathFactory) -> Callabl
 
 
 def trained_version(directory: Path, dataset: Path, case: str) -> Path:
-    model, features, steps = CASES[case]
+    model, features, label = CASES[case]
     path = write_experiment(
-        directory, dataset, model=model, data__features=features, training__steps=steps
+        directory,
+        dataset,
+        model=model,
+        data__features=features,
+        data__labels=[label],
+        training__steps=STEPS,
     )
     outcome = train(ExperimentTask(load_experiment(path)), progress=False)
     assert outcome.exit_code == 0
-    assert outcome.metrics["validation"]["queue_accuracy"] > 0.7  # a gate worth keeping
+    if label == "queue":
+        assert outcome.metrics["validation"]["queue_accuracy"] > 0.7  # a gate worth keeping
     _, version_dir = outcome.published
     return version_dir
 
@@ -92,7 +102,7 @@ def test_int8_keeps_accuracy_on_raw_features_without_a_sequence_length(
     )
 
     row = run.outcomes["int8"].row
-    assert row.status == "passed", f"int8 lost {row.accuracy_drop:.2f} points"
+    assert row.status == PASSED, row.note
     details = row.details
     # What stayed float is named by layer, with the reason, in the report people read.
     if details["scheme"] != "full":
@@ -135,3 +145,27 @@ def test_a_transformer_without_any_sequence_length_is_a_located_config_error(
     path = write_experiment(tmp_path, tickets, model=TRANSFORMER, data__features=["text", "amount"])
     with pytest.raises(ConfigError, match=rf"^{path}:\d+: model\.type: transformer models read"):
         ExperimentTask(load_experiment(path)).build_model()
+
+
+@pytest.mark.parametrize("limit", [2.0, 0.0])
+def test_a_regression_head_is_gated_on_its_mean_absolute_error(
+    tickets: Path, versions: Callable[[str], Path], tmp_path: Path, limit: float
+) -> None:
+    """int8 on a model whose only head is a number: its trials and its row are judged on
+    the growth of the mean absolute error, as the documented gate says."""
+    options = CompressOptions(["int8"], max_error_increase=limit, settings=QUICK)
+
+    run = compress(versions("mlp-regression"), tickets, options, tmp_path / "report")
+
+    trials = run.outcomes["int8"].row.details["trials"]
+    converted = [trial for trial in trials if trial["error"] is None]
+    assert converted and all(t["validation_mae_increase_percent"] is not None for t in converted)
+    reference = run.report.reference_row().evaluation
+    row = run.outcomes["int8"].row
+    (increase,) = error_increases(reference, row.evaluation).values()
+    assert row.accuracy_drop is None and row.evaluation.mae["wait_hours"] > 0
+    assert row.status == (PASSED if increase <= limit + 1e-9 else FAILED)
+    if row.status == FAILED:
+        assert f"mean absolute error grows {increase:.2f} %" in row.note
+    markdown = run.files.markdown.read_text()
+    assert f"mean absolute error may grow at most {limit:g} %" in markdown

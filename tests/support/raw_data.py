@@ -141,8 +141,9 @@ def write_ticket_table(directory: Path, count: int = 2400, seed: int = 7) -> Pat
 
     Each row has free text (words of its queue among words of others and filler), the
     channel it came in on (a category that leans on the queue), an amount whose heavy
-    tail reaches many standard deviations (billing tickets are larger), hours waited,
-    and the queue: the label. Every kind of raw feature at once, with scales far apart.
+    tail reaches many standard deviations (billing tickets are larger), and two labels:
+    the queue, and the hours waited (longer for shipping). Every kind of raw feature at
+    once, with scales far apart.
     """
     rng = np.random.default_rng(seed)
     words = {
@@ -187,7 +188,7 @@ def write_ticket_table(directory: Path, count: int = 2400, seed: int = 7) -> Pat
             "channel": {"type": "categorical"},
             "queue": {"type": "categorical"},
         },
-        "labels": ["queue"],
+        "labels": ["queue", "wait_hours"],
         "split": {"key": "id"},
     }
     return write_spec(directory / "tickets.yaml", spec)
