@@ -162,21 +162,24 @@ def conform_value(name: str, value: Any, field: FieldSchema, table_dir: str | No
     if field.type == "numeric":
         if field.shape:
             return _vector(name, value, field)
-        return _scalar(name, value, field.dtype)
+        return _scalar(name, value, field)
     if field.type == "image":
         return _image(name, value, field, table_dir)
     return _string(name, value, field.type)
+
+
+_KEEP_HINT = "; the field's non_finite: keep would keep it"
 
 
 class _Unfit(ValueError):
     """Why one value does not fit a numeric field."""
 
 
-def _scalar(name: str, value: Any, dtype: str) -> int | float | None:
+def _scalar(name: str, value: Any, field: FieldSchema) -> int | float | None:
     try:
-        return _number(value, dtype, nan_is_missing=True)
+        return _number(value, field, nan_is_missing=True)
     except _Unfit as exc:
-        raise ConformError(name, f"numeric {dtype}", value, str(exc)) from None
+        raise ConformError(name, f"numeric {field.dtype}", value, str(exc)) from None
 
 
 def _vector(name: str, value: Any, field: FieldSchema) -> list[int | float | None]:
@@ -189,14 +192,15 @@ def _vector(name: str, value: Any, field: FieldSchema) -> list[int | float | Non
     typed = []
     for position, item in enumerate(value):
         try:
-            typed.append(_number(item, field.dtype, nan_is_missing=False))
+            typed.append(_number(item, field, nan_is_missing=False))
         except _Unfit as exc:
             detail = f"item {position}: {exc}"
             raise ConformError(name, expected, value, detail) from None
     return typed
 
 
-def _number(value: Any, dtype: str, *, nan_is_missing: bool) -> int | float | None:
+def _number(value: Any, field: FieldSchema, *, nan_is_missing: bool) -> int | float | None:
+    dtype, keep = field.dtype, field.non_finite == "keep"
     if isinstance(value, str):
         number = parse_number(value)
     elif isinstance(value, int | float):
@@ -208,9 +212,14 @@ def _number(value: Any, dtype: str, *, nan_is_missing: bool) -> int | float | No
     if isinstance(number, float) and math.isnan(number):
         if nan_is_missing:
             return None  # NaN is how numpy and pandas write "missing"
-        raise _Unfit("NaN")
+        if keep:
+            return number
+        raise _Unfit(f"NaN{_KEEP_HINT}")
     if isinstance(number, float) and math.isinf(number):
-        raise _Unfit(f"not finite ({number})")  # nothing a model can learn from or scale by
+        if keep:
+            return number
+        # Nothing a model can learn from or scale by, unless the spec says it knows.
+        raise _Unfit(f"not finite ({number}){'' if dtype == 'int64' else _KEEP_HINT}")
     if dtype == "int64":
         if isinstance(number, float) and not number.is_integer():
             raise _Unfit("not a whole number")

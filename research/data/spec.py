@@ -161,6 +161,12 @@ class FieldSchema(StrictModel):
         description="text only: models read the field as a TF-IDF bag of word n-grams "
         "learned from the training split, instead of subword ids",
     )
+    non_finite: Literal["quarantine", "keep"] = Field(
+        default="quarantine",
+        description="numeric float32 only: a value of inf or -inf (or NaN inside a vector) "
+        "quarantines its record, or is kept as it is (statistics skip it; a training step "
+        "it makes non-finite is skipped)",
+    )
 
     @model_validator(mode="after")
     def _check_kind_specific(self) -> FieldSchema:
@@ -168,6 +174,8 @@ class FieldSchema(StrictModel):
             raise ValueError("clip and transform apply to numeric fields only")
         if self.type != "text" and self.words is not None:
             raise ValueError("words applies to text fields only")
+        if self.non_finite == "keep" and (self.type != "numeric" or self.dtype != "float32"):
+            raise ValueError("non_finite: keep applies to numeric float32 fields only")
         if self.clip is not None and not (
             math.isfinite(self.clip[0])
             and math.isfinite(self.clip[1])

@@ -58,6 +58,7 @@ EXAMPLES: dict[str, Any] = {
     "schema.<field>.shape": [3],
     "schema.<field>.clip": [0, 1000000],
     "schema.<field>.transform": "log",
+    "schema.<field>.non_finite": "keep",
     "schema.<field>.words.max_terms": 50000,
     "clean.unicode_normalization": "NFC",
     "clean.collapse_whitespace": False,

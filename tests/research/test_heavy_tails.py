@@ -86,3 +86,37 @@ def test_a_missing_value_reads_as_the_mean_of_the_values_as_read(dataset: Path) 
     filled = training_means(manifest, manifest.features)["income"]
     missing = [filled, float("nan")]  # in a training record; from a client
     np.testing.assert_allclose(served({"income": np.array(missing)})["income"], [0, 0], atol=1e-6)
+
+
+@pytest.mark.parametrize("non_finite", ["quarantine", "keep"])
+def test_infinities_are_quarantined_with_the_fix_unless_the_field_keeps_them(
+    tmp_path: Path, non_finite: str
+) -> None:
+    lines = ["reading,label"] + [f"{i * 0.5},{i % 2}" for i in range(40)]
+    lines[8] = "inf,1"
+    lines[9] = "-Infinity,0"
+    (tmp_path / "sensor.csv").write_text("\n".join(lines) + "\n")
+    spec = write_spec(
+        tmp_path / "sensor.yaml",
+        {
+            "name": "sensor",
+            "sources": [{"type": "csv", "path": "sensor.csv"}],
+            "schema": {"reading": {"type": "numeric", "non_finite": non_finite}},
+            "labels": ["label"],
+            "dedup": {"exact": {"enabled": False}},
+        },
+    )
+
+    result = build_dataset(load_spec(spec), tmp_path / "out")
+
+    readings = [v for split in read_examples(tmp_path / "out").values() for e in split
+                for v in e["reading"]]  # fmt: skip
+    quarantined = (tmp_path / "out" / "quarantine.jsonl").read_text().splitlines()
+    statistics = [s["features"]["reading"] for s in result.manifest.statistics.values()]
+    assert all(np.isfinite(s["mean"]) for s in statistics if s["count"])  # they skip infinities
+    if non_finite == "keep":
+        assert not quarantined and len(readings) == 40
+        assert sorted(r for r in readings if not np.isfinite(r)) == [-np.inf, np.inf]
+        return
+    assert len(quarantined) == 2 and len(readings) == 38 and np.isfinite(readings).all()
+    assert "not finite (inf); the field's non_finite: keep would keep it" in quarantined[0]

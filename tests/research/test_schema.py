@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -331,14 +332,22 @@ def test_conform_value_converts(field: FieldSchema, value: Any, expected: Any) -
         (INT, "abc", "field 'f': expected numeric int64, got 'abc'"),
         (INT, 2.5, "field 'f': expected numeric int64, got 2.5 (not a whole number)"),
         (INT, 2**70, "out of int64 range"),
-        (FLOAT, "inf", "field 'f': expected numeric float32, got 'inf' (not finite (inf))"),
-        (FLOAT, "-Infinity", "(not finite (-inf))"),
-        (VECTOR, [1, float("inf"), 3], "(item 1: not finite (inf))"),
+        (
+            FLOAT,
+            "inf",
+            "field 'f': expected numeric float32, got 'inf' (not finite (inf); the field's non_finite: keep would keep it)",
+        ),
+        (FLOAT, "-Infinity", "(not finite (-inf); the field's non_finite: keep would keep it)"),
+        (
+            VECTOR,
+            [1, float("inf"), 3],
+            "(item 1: not finite (inf); the field's non_finite: keep would keep it)",
+        ),
         (FLOAT, 1e300, "out of float32 range"),
         (FLOAT, [1.0], "field 'f': expected numeric float32, got [1.0]"),
         (VECTOR, [1, 2], "expected numeric float32 vector of length 3, got [1, 2] (length 2)"),
         (VECTOR, [1, "x", 3], "(item 1: not a number)"),
-        (VECTOR, [1, float("nan"), 3], "(item 1: NaN)"),
+        (VECTOR, [1, float("nan"), 3], "(item 1: NaN; the field's non_finite: keep would keep it)"),
         (VECTOR, 5, "expected numeric float32 vector of length 3, got 5"),
         (CATEGORY, 1.5, "field 'f': expected categorical (string), got 1.5"),
         (TEXT, [1, 2], "field 'f': expected text (string), got [1, 2]"),
@@ -351,6 +360,21 @@ def test_conform_value_refuses_what_does_not_fit(
         conform_value("f", value, field)
     assert message in str(raised.value)
     assert raised.value.field == "f"
+
+
+def test_non_finite_keep_keeps_infinities_and_nans_in_vectors_of_float_fields() -> None:
+    keep = {"non_finite": "keep"}
+    scalar = FieldSchema(type="numeric", **keep)
+    vector = FieldSchema(type="numeric", shape=[3], **keep)
+    assert conform_value("f", "inf", scalar) == float("inf")
+    assert conform_value("f", "-Infinity", scalar) == float("-inf")
+    assert conform_value("f", "nan", scalar) is None  # a scalar NaN is still "missing"
+    kept = conform_value("f", [1, float("nan"), float("inf")], vector)
+    assert kept[0] == 1.0 and math.isnan(kept[1]) and kept[2] == float("inf")
+    with pytest.raises(ValueError, match="numeric float32 fields only"):
+        FieldSchema(type="numeric", dtype="int64", **keep)
+    with pytest.raises(ValueError, match="numeric float32 fields only"):
+        FieldSchema(type="text", **keep)
 
 
 def test_conform_record_keeps_schema_fields_and_bookkeeping_only() -> None:
