@@ -126,7 +126,7 @@ class ExperimentTask:
                 base_dir=config.base_dir,
                 source=config.source,
             )
-        except ModelInterfaceError:
+        except (ConfigError, ModelInterfaceError):  # they name their file and key already
             raise
         except ValueError as exc:  # a family refusing the inputs or sizes it was given
             raise ConfigError(located(_under_model(str(exc)), config.source)) from None

@@ -169,3 +169,15 @@ def test_a_regression_head_is_gated_on_its_mean_absolute_error(
         assert f"mean absolute error grows {increase:.2f} %" in row.note
     markdown = run.files.markdown.read_text()
     assert f"mean absolute error may grow at most {limit:g} %" in markdown
+
+
+def test_an_own_model_raising_keeps_its_own_located_message(tickets: Path, tmp_path: Path) -> None:
+    """Only the zoo's refusals are pinned on model keys; a researcher's function that
+    raises is reported as itself, with its file and line."""
+    (tmp_path / "own.py").write_text("def broken(inputs, heads):\n    raise ValueError('odd')\n")
+    model = {"type": "python", "build": "own.py:broken"}
+    path = write_experiment(tmp_path, tickets, model=model, data__labels=["queue"])
+    with pytest.raises(ConfigError) as refused:
+        ExperimentTask(load_experiment(path)).build_model()
+    assert "model.build: own.py:broken raised ValueError at own.py:2: odd" in str(refused.value)
+    assert "model.type" not in str(refused.value)
