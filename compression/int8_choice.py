@@ -249,7 +249,7 @@ def _per_tensor_if_it_passes(
 ) -> tuple[Trial, str]:
     """The chosen scheme with one scale per weight tensor if that keeps the gate, and why.
 
-    The same ops run either way, so only accuracy can tell them apart; the per-tensor
+    The same ops run either way, so only the gate's figures tell them apart; the per-tensor
     file is the smaller one. The extra trial is appended to ``trials``.
     """
     if not chosen.passes(judge.gate):
