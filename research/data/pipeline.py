@@ -155,12 +155,11 @@ def construct_pipeline(
         filesystems.join(staging, QUARANTINE_FILE), scratch, pii_mask(spec.clean, schema, columns)
     )
 
-    merging = [
-        name for name, field in features.items() if field.type == "categorical"
-    ] if spec.quality.category_variants == "merge" else []  # fmt: skip
     read_records = conformed.records
-    if merging:
-        merge = MergeCategorySpellings(merging)
+    if spec.quality.category_variants == "merge":
+        merge = MergeCategorySpellings(
+            [name for name, field in features.items() if field.type == "categorical"]
+        )
         read_records = read_records | "MergeCategorySpellings" >> merge
         _ = (
             merge.merges

@@ -37,10 +37,10 @@ from research.data.spec import (
 SourceSpec = CsvSource | JsonlSource | TextSource | ImageFolderSource | NpzSource | Hdf5Source
 STAGE = "read"
 
-# ``surrogateescape`` turns every undecodable byte into one of these code points, so a
-# reader can keep streaming past a bad line and still tell it apart from good text.
 TABLE_SOURCES = frozenset({"csv", "jsonl"})  # sources whose cells may name image files
 
+# ``surrogateescape`` turns every undecodable byte into one of these code points, so a
+# reader can keep streaming past a bad line and still tell it apart from good text.
 UNDECODABLE = re.compile("[\udc80-\udcff]")
 
 

@@ -148,7 +148,11 @@ def conform_record(
         )
         for name, field in schema.items()
     }
-    typed.update((key, value) for key, value in record.items() if is_bookkeeping(key))
+    typed.update(
+        (key, value)
+        for key, value in record.items()
+        if is_bookkeeping(key) and key != TABLE_DIR  # used here only: not carried further
+    )
     typed.update((key, record.get(column)) for key, column in columns.items() if key not in schema)
     return typed
 

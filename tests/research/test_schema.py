@@ -18,7 +18,7 @@ from PIL import Image
 
 from contracts.yaml_config import ConfigError
 from research.data.inference import infer_schema
-from research.data.records import METRICS_NAMESPACE, ORIGIN, QUARANTINE_TAG, RANK
+from research.data.records import METRICS_NAMESPACE, ORIGIN, QUARANTINE_TAG, RANK, TABLE_DIR
 from research.data.schema import (
     ConformError,
     ConformToSchema,
@@ -381,6 +381,8 @@ def test_conform_record_keeps_schema_fields_and_bookkeeping_only() -> None:
     record = {"a": "1", "extra": "dropped", ORIGIN: "x.csv:2", RANK: "r"}
     schema = {"a": INT, "b": TEXT}
     assert conform_record(record, schema) == {"a": 1, "b": None, ORIGIN: "x.csv:2", RANK: "r"}
+    # A table's directory serves its image cells here and is not carried further.
+    assert conform_record({**record, TABLE_DIR: "/data"}, schema) == conform_record(record, schema)
 
 
 def test_conform_image_converts_channels_resizes_and_reencodes_png() -> None:
