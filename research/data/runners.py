@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from research.data import beam_introspection
+
 IN_PROCESS_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 DASK_RUNNER = "research.data.dask_runner.DaskRunner"
 DASK_RUNNER_NAMES = frozenset({"dask", "DaskRunner"})
@@ -24,6 +26,10 @@ DEFAULT_DASK_WORKERS = 2
 CLUSTER_OPTIONS = frozenset({"--dask_client_address", "--dask_scheduler_file"})
 
 View = TypeVar("View", bound=PipelineOptions)
+
+# Whoever chooses a runner is about to build a pipeline: from here on, Beam inspects each
+# function's parameters once (see ``beam_introspection``).
+beam_introspection.install()
 
 
 class BuildOptions(PipelineOptions):

@@ -12,9 +12,8 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from research.data import categories
 from research.data.categories import CategoryVocabularies, choose_vocabulary
+from research.data.runners import IN_PROCESS_RUNNER as RUNNER
 from research.data.split import SPLIT
-
-RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
 
 def test_each_field_keeps_its_most_frequent_values_as_choose_vocabulary_ranks_them(

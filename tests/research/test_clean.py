@@ -11,9 +11,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from contracts.yaml_config import ConfigError
 from research.data.clean import CleanRecords, clean_record, compile_rules
 from research.data.records import DROPPED_TAG, METRICS_NAMESPACE
+from research.data.runners import IN_PROCESS_RUNNER as RUNNER
 from research.data.spec import CleanSpec, FieldSchema
-
-RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
 SCHEMA = {
     "text": FieldSchema(type="text"),

@@ -29,10 +29,10 @@ from research.data.dedup import (
 )
 from research.data.records import DROPPED_TAG, METRICS_NAMESPACE, make_rank
 from research.data.rejects import read_entries, write_entries
+from research.data.runners import IN_PROCESS_RUNNER as RUNNER
 from research.data.spec import NearDedupSpec
 from research.data.synthetic import GroundTruth, generate_corpus
 
-RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 LONG_TEXT = (
     "The quick brown fox jumps over the lazy dog near the quiet river bank in the early "
     "morning light while the birds sing and the old ferry waits at the harbour for tourists"

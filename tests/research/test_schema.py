@@ -19,6 +19,7 @@ from PIL import Image
 from contracts.yaml_config import ConfigError
 from research.data.inference import infer_schema
 from research.data.records import METRICS_NAMESPACE, ORIGIN, QUARANTINE_TAG, RANK, TABLE_DIR
+from research.data.runners import IN_PROCESS_RUNNER as FN_API_RUNNER
 from research.data.schema import (
     ConformError,
     ConformToSchema,
@@ -28,8 +29,6 @@ from research.data.schema import (
 )
 from research.data.sources import ReadSources
 from research.data.spec import DatasetSpec, FieldSchema
-
-FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
 
 def make_spec(base: Path, *sources: dict[str, Any], **extra: Any) -> DatasetSpec:

@@ -19,6 +19,7 @@ from contracts.yaml_config import ConfigError
 from research.data import sources
 from research.data.reading import UnreadableEntry
 from research.data.records import METRICS_NAMESPACE, ORIGIN, QUARANTINE_TAG, RANK
+from research.data.runners import IN_PROCESS_RUNNER as FN_API_RUNNER
 from research.data.schema import resolve_schema
 from research.data.sources import (
     ReadSources,
@@ -29,8 +30,6 @@ from research.data.sources import (
 )
 from research.data.spec import DatasetSpec
 from tests.support.source_records import public, read
-
-FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
 
 def make_spec(base: Path, *sources: dict[str, Any], **extra: Any) -> DatasetSpec:

@@ -13,12 +13,12 @@ from contracts.features import FeatureSpec
 from research.data import sorted_runs
 from research.data.categories import CategoryVocabularies, choose_vocabulary, natural_order
 from research.data.records import content_digest, make_rank
+from research.data.runners import IN_PROCESS_RUNNER as RUNNER
 from research.data.shards import WriteShards, order_key, shard_index
 from research.data.spec import SplitSpec
 from research.data.split import SPLIT, AssignSplit, record_key, split_for_key
 from tests.support.shards import decode_example
 
-RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 RATIOS = {"train": 0.8, "validation": 0.1, "test": 0.1}
 
 

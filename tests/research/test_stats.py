@@ -16,6 +16,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from contracts.features import FeatureSpec
 from research.data.records import TOKEN_COUNTS
+from research.data.runners import IN_PROCESS_RUNNER as FN_API_RUNNER
 from research.data.stats import (
     MAX_FREQUENCIES,
     ComputeStatistics,
@@ -23,8 +24,6 @@ from research.data.stats import (
     empty_statistics,
     nearest_rank_quantiles,
 )
-
-FN_API_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 
 FEATURES = {
     "x": FeatureSpec(name="x", type="numeric"),

@@ -1,0 +1,113 @@
+"""Beam's parameter lookups, remembered per function: the same answers, asked once, freed."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import weakref
+
+import apache_beam as beam
+import pytest
+from apache_beam.coders import VarIntCoder
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import core
+from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
+
+from research.data import beam_introspection
+from research.data.runners import IN_PROCESS_RUNNER
+
+
+def plain(element, side=beam.DoFn.TimestampParam, *rest, key=None):  # noqa: ANN001, ANN201
+    return element
+
+
+class Counting(beam.DoFn):
+    """A stateful DoFn: Beam must still find its state spec through the cache."""
+
+    SEEN = ReadModifyWriteStateSpec("seen", VarIntCoder())
+
+    def process(self, element, seen=beam.DoFn.StateParam(SEEN)):  # noqa: ANN001, ANN201, B008
+        count = (seen.read() or 0) + 1
+        seen.write(count)
+        yield element[0], count
+
+
+class Callable_:
+    def __call__(self, element, extra=3):  # noqa: ANN001, ANN204
+        return element
+
+
+@pytest.mark.parametrize(
+    "function",
+    [
+        plain,
+        lambda element, other=2: element,
+        Counting().process,
+        Callable_(),
+        functools.partial(plain, side=None),
+        str.strip,
+    ],
+    ids=["function", "lambda", "bound method", "callable object", "partial", "builtin"],
+)
+def test_answers_are_beams_own(function: object) -> None:
+    assert beam_introspection.function_args_defaults(function) == beam_introspection._inspect(
+        function
+    )
+
+
+def test_a_function_is_inspected_once_and_each_caller_gets_its_own_lists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    inspected: list[object] = []
+    original = beam_introspection._inspect
+
+    def counted(function: object) -> tuple[list[str], list[object]]:
+        inspected.append(function)
+        return original(function)
+
+    monkeypatch.setattr(beam_introspection, "_inspect", counted)
+
+    def fresh(element, scale=2):  # noqa: ANN001, ANN202
+        return element * scale
+
+    first = beam_introspection.function_args_defaults(fresh)
+    first[0].append("edited")
+    second = beam_introspection.function_args_defaults(fresh)
+
+    class Local(beam.DoFn):
+        def process(self, element, window=beam.DoFn.WindowParam):  # noqa: ANN001, ANN202
+            yield element
+
+    # Bound methods of two instances are one function underneath: one inspection.
+    answers = [beam_introspection.function_args_defaults(Local().process) for _ in range(2)]
+
+    assert second == (["element", "scale"], [2])
+    assert answers[0] == answers[1] == (["element", "window"], [beam.DoFn.WindowParam])
+    assert [type(f).__name__ for f in inspected] == ["function", "method"]
+
+
+def test_the_cache_does_not_keep_a_pipelines_functions_alive() -> None:
+    def transient(element):  # noqa: ANN001, ANN202
+        return element
+
+    beam_introspection.function_args_defaults(transient)
+    alive = weakref.ref(transient)
+    del transient
+    gc.collect()
+
+    assert alive() is None
+
+
+def test_a_stateful_dofn_keeps_its_state_through_the_cache() -> None:
+    beam_introspection.install()
+    assert core.get_function_args_defaults is beam_introspection.function_args_defaults
+
+    with TestPipeline(runner=IN_PROCESS_RUNNER) as pipeline:
+        counts = (
+            pipeline
+            | beam.Create([("a", 1), ("a", 2), ("b", 3)])
+            | beam.ParDo(Counting())
+            | beam.CombinePerKey(max)
+        )
+        assert_that(counts, equal_to([("a", 2), ("b", 1)]))
