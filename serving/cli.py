@@ -215,9 +215,11 @@ def run_serve(args: argparse.Namespace) -> int:
             worker_args=_worker_args(args),
         )
         return asyncio.run(WorkerPool(settings).run())
+    from serving import heap
     from serving.pool_worker import PoolWorker
     from serving.server import GatewayServer, serve
 
+    heap.manage()  # this process is the gateway's: its heap is frozen once loaded
     pool = None
     if args.pool_dir is not None:
         pool = PoolWorker(args.pool_dir, args.pool_index, args.pool_status_fd)

@@ -19,12 +19,31 @@ class Node:
         self.me = self
 
 
-@pytest.fixture(autouse=True)
-def unfrozen() -> Iterator[None]:
+@pytest.fixture
+def managed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's heap in the gateway's charge, as in ``slipway serve``."""
+    monkeypatch.setattr(heap, "_managed", False)
+    heap.manage()
     yield
     gc.unfreeze()
 
 
+def test_an_embedded_gateway_leaves_its_hosts_collector_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(heap, "_managed", False)
+    frozen = gc.get_freeze_count()
+    dropped = Node()
+    alive = weakref.ref(dropped)
+    heap.freeze_loaded()
+    heap.reclaim()
+    assert gc.get_freeze_count() == frozen
+    del dropped
+    gc.collect()
+    assert alive() is None
+
+
+@pytest.mark.usefixtures("managed")
 def test_a_loaded_model_is_frozen_out_of_later_collections() -> None:
     loaded = Node()
     assert any(thing is loaded for thing in gc.get_objects())
@@ -35,6 +54,7 @@ def test_a_loaded_model_is_frozen_out_of_later_collections() -> None:
     assert len(gc.get_objects()) < gc.get_freeze_count() / 10
 
 
+@pytest.mark.usefixtures("managed")
 def test_an_unloaded_models_cycles_are_reclaimed() -> None:
     model = Node()
     alive = weakref.ref(model)
