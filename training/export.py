@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 import tf_keras as keras
+from tensorflow.core.protobuf import saved_model_pb2
 
 from contracts.model_manifest import CLASSES_SUFFIX, SIGNATURE_KEY
 from research.preprocessing.preprocessor import FeaturePreprocessor
@@ -196,19 +197,37 @@ def save_serving_model(
     output_names = list(function.get_concrete_function().structured_outputs)
     with _tracked(model, preprocessor), _without_compile_warning():
         model.save(str(directory), save_format="tf", include_optimizer=False, signatures=signatures)
-    signature = tf.saved_model.load(str(directory)).signatures[SIGNATURE_KEY]
-    loaded_inputs = signature.structured_input_signature[1]
-    loaded_outputs = signature.structured_outputs
-    if set(loaded_inputs) != set(names) or set(loaded_outputs) != set(output_names):
+    saved_inputs, saved_outputs = _saved_signature(Path(directory))
+    if set(saved_inputs) != set(names) or set(saved_outputs) != set(output_names):
         raise ExportError(
-            f"{directory}: signature names {sorted(loaded_inputs)} -> {sorted(loaded_outputs)} "
+            f"{directory}: signature names {sorted(saved_inputs)} -> {sorted(saved_outputs)} "
             f"differ from the model's {names} -> {output_names}"
         )
     return {
         "name": SIGNATURE_KEY,
-        "inputs": {name: _describe(loaded_inputs[name]) for name in names},
-        "outputs": {name: _describe(loaded_outputs[name]) for name in output_names},
+        "inputs": {name: saved_inputs[name] for name in names},
+        "outputs": {name: saved_outputs[name] for name in output_names},
     }
+
+
+def _saved_signature(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``serving_default`` inputs and outputs as written to ``saved_model.pb``.
+
+    Read from the file's signature definition rather than by loading the SavedModel back:
+    the names, dtypes and shapes are all the contract needs, and a load restores every
+    function of the model (a tenth to half a second each export).
+    """
+    saved = saved_model_pb2.SavedModel.FromString((directory / "saved_model.pb").read_bytes())
+    (graph,) = [g for g in saved.meta_graphs if tf.saved_model.SERVING in g.meta_info_def.tags]
+    definition = graph.signature_def[SIGNATURE_KEY]
+    return (
+        {name: _describe_tensor_info(info) for name, info in definition.inputs.items()},
+        {name: _describe_tensor_info(info) for name, info in definition.outputs.items()},
+    )
+
+
+def _describe_tensor_info(info: Any) -> dict[str, Any]:
+    return _describe(tf.TensorSpec(tf.TensorShape(info.tensor_shape), tf.as_dtype(info.dtype)))
 
 
 def _checked_class_names(
