@@ -97,7 +97,7 @@ test test-all: export PYTHONDONTWRITEBYTECODE =
 # The fast tier: unit tests and in-process integration, no child process, server process or
 # cluster (those carry the `process` marker). The 25 slowest tests are printed at the end.
 test: install
-	$(BIN)/python -m pytest -m "not process" $(XDIST) --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not process and not slow" $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 # Every test: the fast tier, then the process tier (gateways, pools, Prometheus, nginx, Dask
 # clusters, training workers, meshes, kill loops). CI runs this.

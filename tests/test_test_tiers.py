@@ -1,7 +1,7 @@
 """Every test that starts a process sits in the process tier, read from the code before any runs.
 
-``make test`` runs ``-m "not process"`` and stays fast only while no test in it starts a
-child process, a server process or a cluster. This guard reads every test module: a test
+``make test`` runs ``-m "not process and not slow"`` and stays fast only while no test in it
+starts a child process, a server process or a cluster. This guard reads every test module: a test
 (or a fixture it asks for) that calls something which starts a process must carry
 ``@pytest.mark.process``, on itself, its class or its module's ``pytestmark``.
 

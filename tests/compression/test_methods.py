@@ -36,6 +36,12 @@ from tests.support.compression_models import SourceModel, published_source
 from training.export import save_serving_model
 
 FAMILIES = ("mlp", "cnn", "transformer")
+# Fine-tuning methods on every family: the MLP in the fast tier, the larger two in test-all.
+FINE_TUNED_FAMILIES = [
+    "mlp",
+    pytest.param("cnn", marks=pytest.mark.slow),
+    pytest.param("transformer", marks=pytest.mark.slow),
+]
 BATCH = 64
 TRAIN_BATCH = 128  # few steps per fine-tuning epoch: the tests check behaviour, not accuracy
 
@@ -286,7 +292,7 @@ def test_full_integer_refuses_samples_for_other_inputs(zoo: dict[str, Zoo]) -> N
 # -- pruning --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FINE_TUNED_FAMILIES)
 def test_pruning_reaches_the_target_sparsity_measured_on_the_weights(
     zoo: dict[str, Zoo], family: str
 ) -> None:
@@ -385,7 +391,7 @@ def test_pruning_refuses_bad_arguments(zoo: dict[str, Zoo]) -> None:
 # -- quantization-aware training ------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FINE_TUNED_FAMILIES)
 def test_quantization_aware_training_reports_quantized_and_float_layers(
     zoo: dict[str, Zoo], family: str
 ) -> None:
@@ -416,7 +422,7 @@ def test_quantization_aware_training_reports_quantized_and_float_layers(
     assert agreement(predictions, reference(current)) >= 0.85
 
 
-@pytest.mark.parametrize("family", ["mlp", "transformer"])
+@pytest.mark.parametrize("family", ["mlp", pytest.param("transformer", marks=pytest.mark.slow)])
 def test_pruning_then_qat_keeps_the_zeros_in_the_int8_weights(
     zoo: dict[str, Zoo], family: str
 ) -> None:
@@ -451,7 +457,7 @@ def test_pruning_then_qat_keeps_the_zeros_in_the_int8_weights(
 # -- clustering -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FINE_TUNED_FAMILIES)
 def test_clustering_leaves_at_most_the_requested_distinct_values(
     zoo: dict[str, Zoo], family: str
 ) -> None:

@@ -86,6 +86,7 @@ def trained_version(directory: Path, dataset: Path, case: str) -> Path:
     return version_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_int8_keeps_accuracy_on_raw_features_without_a_sequence_length(
     case: str,
@@ -116,6 +117,7 @@ def test_int8_keeps_accuracy_on_raw_features_without_a_sequence_length(
     assert json.loads(run.files.json.read_text())["results"][2]["status"] == "passed"
 
 
+@pytest.mark.slow
 def test_the_feature_mix_scheme_keeps_exactly_the_encoders_their_join_and_its_reader_float(
     versions: Callable[[str], Path],
 ) -> None:
@@ -147,6 +149,7 @@ def test_a_transformer_without_any_sequence_length_is_a_located_config_error(
         ExperimentTask(load_experiment(path)).build_model()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", [2.0, 0.0])
 def test_a_regression_head_is_gated_on_its_mean_absolute_error(
     tickets: Path, versions: Callable[[str], Path], tmp_path: Path, limit: float

@@ -8,6 +8,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from benchmarks import rollout
 
 # Fewer rollouts than the benchmark, so the bounds allow for the sampling error of 40-60.
@@ -20,6 +22,7 @@ ROLLOUTS = {
 }
 
 
+@pytest.mark.slow
 def test_default_analysis_rolls_back_bad_canaries_and_spares_good_ones() -> None:
     assert set(ROLLOUTS) <= {scenario.name for scenario in rollout.SCENARIOS}
     # Many small state and event files: in memory when the machine has a tmpfs.

@@ -219,6 +219,7 @@ def test_luhn_check() -> None:
     assert luhn_complete("411111111111111") == "4111111111111111"
 
 
+@pytest.mark.slow
 def test_pathological_input_is_linear_not_quadratic() -> None:
     # A regex that backtracks quadratically would take minutes on these.
     for text in ("a" * 200_000 + "@", "1" * 200_000, "1." * 100_000, "+1" * 100_000):

@@ -164,6 +164,7 @@ def test_non_finite_losses_are_skipped_then_recovered(tmp_path, digits_dataset, 
     assert sum("restored checkpoint 5" in e for e in events) == 2
 
 
+@pytest.mark.slow
 def test_a_truncated_checkpoint_falls_back_to_a_step_with_weights_and_input_position(
     tmp_path, digits_dataset
 ):
@@ -189,6 +190,7 @@ def test_a_truncated_checkpoint_falls_back_to_a_step_with_weights_and_input_posi
     assert resumed.weights_sha256 == straight.weights_sha256
 
 
+@pytest.mark.slow
 def test_evaluation_points_are_reported_alike_however_often_the_run_is_preempted(
     tmp_path, digits_dataset, monkeypatch
 ):

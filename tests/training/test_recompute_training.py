@@ -81,6 +81,7 @@ def test_a_recomputed_run_resumes_bit_for_bit(replica_runs: Path) -> None:
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow
 def test_the_published_model_is_the_plain_architecture(
     tmp_path: Path, corpus_dataset: Path
 ) -> None:

@@ -65,7 +65,10 @@ def _generator_states(model: keras.Model) -> list[np.ndarray]:
     return states
 
 
-@pytest.mark.parametrize("jit_compile", [True, False], ids=["xla", "graph"])
+@pytest.mark.parametrize(
+    "jit_compile",
+    [pytest.param(True, id="xla", marks=pytest.mark.slow), pytest.param(False, id="graph")],
+)
 def test_recomputed_blocks_take_the_plain_gradients_with_the_same_dropout_masks(
     jit_compile: bool,
 ) -> None:
