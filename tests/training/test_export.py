@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras as keras
+from tensorflow.core.protobuf import saved_model_pb2
 
 from contracts.model_manifest import (
     MANIFEST_FILE,
@@ -275,3 +276,31 @@ def test_git_commit_inside_and_outside_a_repository(tmp_path: Path) -> None:
     git(repo, "commit", "-q", "-m", "a")
     head = git(repo, "rev-parse", "HEAD")
     assert git_commit(repo / "a.txt") == head
+
+
+def _traced_layer_calls(directory: Path) -> set[str]:
+    """The Keras layers whose call functions the SavedModel holds as traced graphs."""
+    saved = saved_model_pb2.SavedModel.FromString((directory / "saved_model.pb").read_bytes())
+    suffix = "_layer_call_and_return_conditional_losses"
+    names = [f.signature.name for g in saved.meta_graphs for f in g.graph_def.library.function]
+    return {name.split("__inference_")[-1].split(suffix)[0] for name in names if suffix in name}
+
+
+def test_layer_calls_are_traced_only_for_classes_keras_cannot_rebuild(tmp_path: Path) -> None:
+    """Built-in and registered layers are rebuilt from their configs, so their traces would
+    only slow the export; an unregistered layer keeps them, and compression names it."""
+
+    class Twice(keras.layers.Layer):  # never registered with Keras
+        def call(self, x: tf.Tensor) -> tf.Tensor:
+            return 2 * x
+
+    inputs = keras.Input((3,), name="x")
+    known = keras.Model(inputs, keras.layers.Dense(2, name="y")(inputs))
+    save_serving_model(known, tmp_path / "known")
+    assert _traced_layer_calls(tmp_path / "known") == set()
+    reloaded = keras.models.load_model(tmp_path / "known", compile=False)
+    np.testing.assert_allclose(reloaded(np.ones((1, 3))), known(np.ones((1, 3))))
+
+    unknown = keras.Model(inputs, keras.layers.Dense(2, name="y")(Twice(name="twice")(inputs)))
+    save_serving_model(unknown, tmp_path / "unknown")
+    assert "twice" in _traced_layer_calls(tmp_path / "unknown")
