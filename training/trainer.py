@@ -423,7 +423,19 @@ class Trainer(TrainerState):
             mean = total / tf.cast(num_updates, tf.float32)
             return mean, norm, any_stop, schedule(optimizer.iterations)
 
-        return execute
+        # One update (steps_per_execution's default) needs no in-graph loop, whose body and
+        # condition graphs make the execution slower to trace. Each is traced when first used.
+        @tf.function
+        def execute_one(iterator: Any, num_updates: tf.Tensor, stop: tf.Tensor) -> Any:
+            del num_updates  # always 1
+            loss, norm, any_stop = update(iterator, stop)
+            return loss, norm, any_stop, schedule(optimizer.iterations)
+
+        def dispatch(iterator: Any, num_updates: tf.Tensor, stop: tf.Tensor) -> Any:
+            chosen = execute_one if int(num_updates) == 1 else execute
+            return chosen(iterator, num_updates, stop)
+
+        return dispatch
 
     def _update(self, iterator: Any, stop: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """Consume ``accumulation`` batches from ``iterator`` and apply one update.

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.support.experiments import make_trainer, run, write_experiment
-from training.trainer import evaluation_names
+from training.trainer import evaluation_names, weights_digest
 
 
 def test_accumulated_micro_batches_make_the_large_batch_update(tmp_path, digits_dataset):
@@ -35,6 +35,8 @@ def test_an_execution_reports_the_mean_loss_of_its_updates(tmp_path, digits_data
 
     assert trainer.step == twin.step == 3
     assert execution.loss == pytest.approx(np.mean(losses), rel=1e-5)
+    # One update runs without the in-graph loop, several with it: the same updates.
+    assert weights_digest(trainer.model) == weights_digest(twin.model)
     assert not execution.stop_requested
     assert execution.learning_rate == pytest.approx(0.01)
 
