@@ -10,7 +10,6 @@ from tests.support import prometheus
 
 pytest_plugins = [
     "tests.support.tiers",
-    "tests.support.ordering",
     "tests.support.isolation",
     "tests.support.fixtures",
     "tests.support.serving_fixtures",
