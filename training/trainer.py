@@ -373,7 +373,7 @@ class Trainer(TrainerState):
         """
         if self.iterator is None:
             self.seek_input()
-        arguments = (tf.constant(num_updates), tf.constant(float(stop_requested)))
+        arguments = (num_updates, tf.constant(float(stop_requested)))
         note = None
         try:
             loss, norm, stop, rate = self._execute(self.iterator, *arguments)
@@ -426,14 +426,14 @@ class Trainer(TrainerState):
         # One update (steps_per_execution's default) needs no in-graph loop, whose body and
         # condition graphs make the execution slower to trace. Each is traced when first used.
         @tf.function
-        def execute_one(iterator: Any, num_updates: tf.Tensor, stop: tf.Tensor) -> Any:
-            del num_updates  # always 1
+        def execute_one(iterator: Any, stop: tf.Tensor) -> Any:
             loss, norm, any_stop = update(iterator, stop)
             return loss, norm, any_stop, schedule(optimizer.iterations)
 
-        def dispatch(iterator: Any, num_updates: tf.Tensor, stop: tf.Tensor) -> Any:
-            chosen = execute_one if int(num_updates) == 1 else execute
-            return chosen(iterator, num_updates, stop)
+        def dispatch(iterator: Any, num_updates: int, stop: tf.Tensor) -> Any:
+            if num_updates == 1:
+                return execute_one(iterator, stop)
+            return execute(iterator, tf.constant(num_updates), stop)
 
         return dispatch
 
