@@ -19,7 +19,7 @@ import pkgutil
 import sys
 from collections.abc import Iterator
 
-PACKAGES = ("contracts", "research", "training", "compression", "serving", "ops", "slipway")
+from slipway import PACKAGES
 
 
 def project_modules(packages: tuple[str, ...] = PACKAGES) -> Iterator[str]:
@@ -39,7 +39,7 @@ def main() -> int:
         return 1
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     for name in project_modules():
-        if name.rpartition(".")[2] != "__main__" and name != __name__:
+        if name.rpartition(".")[2] != "__main__":
             importlib.import_module(name)
     return 0
 

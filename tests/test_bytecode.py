@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from slipway import bytecode
-from slipway.bytecode import PACKAGES, project_modules
+from slipway import PACKAGES, bytecode
+from slipway.bytecode import project_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 

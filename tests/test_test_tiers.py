@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from slipway import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
-SOURCE_ROOTS = ("contracts", "research", "training", "compression", "serving", "ops", "slipway")
 
 # Calls that start a process, by the dotted name the code imports them under. (A process
 # pool starts its workers on its first task, not when it is made: the run-time watch sees it.)
@@ -159,7 +160,7 @@ def definitions(
 
 
 def source_files() -> Iterable[Path]:
-    for root in SOURCE_ROOTS:
+    for root in PACKAGES:
         yield from sorted((ROOT / root).rglob("*.py"))
     yield from sorted((TESTS / "support").rglob("*.py"))
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from slipway import PACKAGES
 from slipway.metrics_reference import EXPORTERS, LABELS, metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("contracts", "research", "training", "compression", "serving", "ops", "slipway")
 METRIC_TYPES = {"Counter", "Gauge", "Histogram", "Summary", "Info", "Enum"}
 # The modules that declare metrics, each read through one of the EXPORTERS.
 DECLARING = {"serving/metrics.py", "serving/routing_store.py", "ops/controller.py"}
