@@ -40,13 +40,14 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 # imported later is compiled by the process that needs it and kept. BYTECODE=all compiles
 # every file: the image does, whose user cannot write bytecode.
 BYTECODE ?= imported
+COMPILE_ALL := $(filter all,$(BYTECODE))
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml uv.lock $(UV_STAMP)
-	$(UV) sync --locked --quiet $(if $(filter all,$(BYTECODE)),--compile-bytecode) \
+	$(UV) sync --locked --quiet $(if $(COMPILE_ALL),--compile-bytecode) \
 		$(addprefix --extra ,$(INSTALL_EXTRAS))
-	$(if $(filter all,$(BYTECODE)),,PYTHONDONTWRITEBYTECODE= $(BIN)/python -m slipway.bytecode)
+	$(if $(COMPILE_ALL),,PYTHONDONTWRITEBYTECODE= $(BIN)/python -m slipway.bytecode)
 	@touch $(STAMP)
 	@command -v prometheus >/dev/null 2>&1 || echo "note: the rollout tests need a real Prometheus," \
 		"and skip without it. Run 'make prometheus' to install Debian's package."

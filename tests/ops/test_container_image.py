@@ -109,7 +109,8 @@ def test_the_build_runs_make_install_without_the_test_tools(
     assert install and re.search(r"\bINSTALL_EXTRAS=(\s|$)", install[0])
     assert not any("pip install" in command for command in runs), "install goes through make"
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    assert "sync --locked --quiet $(if $(filter all,$(BYTECODE)),--compile-bytecode)" in makefile
+    assert "sync --locked --quiet $(if $(COMPILE_ALL),--compile-bytecode)" in makefile
+    assert "COMPILE_ALL := $(filter all,$(BYTECODE))" in makefile
     # The whole venv is compiled and its bytecode stays in the image: its user cannot write
     # bytecode, so a pod would otherwise compile TensorFlow from source as it starts.
     assert re.search(r"\bBYTECODE=all\b", install[0])
