@@ -134,12 +134,17 @@ def features_to_json(features: Mapping[str, FeatureSpec]) -> dict[str, dict[str,
     return {name: spec.to_json() for name, spec in features.items()}
 
 
+_PLAIN_NUMBER_TYPES = frozenset({int, float})
+
+
 def _flat(value: Any) -> list[Any]:
     if value is None:
         return []
     if hasattr(value, "tolist"):
         value = value.tolist()
     if isinstance(value, list | tuple):
+        if set(map(type, value)) <= _PLAIN_NUMBER_TYPES:
+            return list(value)  # flat already: a numeric vector
         out: list[Any] = []
         for item in value:
             out.extend(_flat(item))
@@ -163,6 +168,8 @@ def encode_example(record: Mapping[str, Any], features: Mapping[str, FeatureSpec
             values = _flat(value)
             if spec.dtype == "int64":
                 encoded[name] = int64_feature(int(v) for v in values)
+            elif set(map(type, values)) <= _PLAIN_NUMBER_TYPES:
+                encoded[name] = float_feature(values)  # array.array reads them as float()
             else:
                 encoded[name] = float_feature(float(v) for v in values)
         elif spec.type == "image":

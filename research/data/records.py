@@ -99,6 +99,12 @@ def canonical_bytes(value: Any) -> bytes:
     if isinstance(value, float):
         return b"f" + repr(value).encode()
     if isinstance(value, list | tuple):
+        # A vector of one plain number type, joined at C speed into the same bytes.
+        kinds = set(map(type, value))
+        if kinds == {float}:
+            return ("lf" + "\x1ff".join(map(float.__repr__, value))).encode()
+        if kinds == {int}:
+            return ("li" + "\x1fi".join(map(int.__repr__, value))).encode()
         return b"l" + b"\x1f".join(canonical_bytes(item) for item in value)
     return b"r" + repr(value).encode("utf-8")
 

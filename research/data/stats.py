@@ -36,12 +36,15 @@ from contracts.dataset_manifest import QUANTILES
 from contracts.features import FeatureSpec
 from research.data.categories import frequency_rank
 from research.data.records import TOKEN_COUNTS
+from research.data.values import plain_numbers
 
 MAX_FREQUENCIES = 1000
 
 # Every finite double is an integer multiple of 2**-1074 (the smallest subnormal), so
 # scaling by 2**1074 (and 2**2148 for squares) turns float sums into exact int sums.
 _SCALE_BITS = 1074
+# Distinct values a numeric accumulator holds before folding them into its exact sums.
+_PENDING_LIMIT = 4096
 
 
 def _scaled(value: int | float, bits: int) -> tuple[int, int]:
@@ -60,6 +63,14 @@ def _as_number(value: Any) -> int | float | None:
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
+
+
+def _finite_plain_numbers(values: list[Any] | tuple[Any, ...]) -> bool:
+    """Whether every value is a Python number ``_as_number`` would keep as it is."""
+    try:
+        return plain_numbers(values) and all(map(math.isfinite, values))
+    except OverflowError:  # an int beyond any float: _as_number keeps it, one at a time
+        return False
 
 
 def nearest_rank_quantiles(lengths: Counter[int]) -> dict[str, int | None]:
@@ -98,11 +109,11 @@ class _ExactMoments:
         self.scaled_sum = 0
         self.scaled_sum_squares = 0
 
-    def add(self, number: int | float) -> None:
+    def add(self, number: int | float, occurrences: int = 1) -> None:
         scaled, scaled_square = _scaled(number, _SCALE_BITS)
-        self.count += 1
-        self.scaled_sum += scaled
-        self.scaled_sum_squares += scaled_square
+        self.count += occurrences
+        self.scaled_sum += scaled * occurrences
+        self.scaled_sum_squares += scaled_square * occurrences
 
     def merge(self, other: _ExactMoments) -> None:
         self.count += other.count
@@ -127,13 +138,20 @@ class _ExactMoments:
 class _NumericAccumulator:
     """Count, extremes and the first two moments over every value of a numeric feature;
     for a feature a model reads clipped or transformed, the moments of the values as it
-    reads them too (``as_model_reads``), which is what it standardizes with."""
+    reads them too (``as_model_reads``), which is what it standardizes with.
+
+    Values wait in a Counter (``pending``) before they reach the exact moments: a Counter
+    of a vector is filled at C speed, and real features repeat values (pixels, counts,
+    rounded measurements), so each distinct value is scaled to an exact integer once per
+    ``_PENDING_LIMIT`` rather than once per occurrence.
+    """
 
     def __init__(self, spec: FeatureSpec) -> None:
         self.count = 0  # records with a value
         self.missing = 0
         self.moments = _ExactMoments()
         self.read = _ExactMoments() if spec.reshaped else None
+        self.pending: Counter[int | float] = Counter()
         self._spec = spec
         self.min: int | float | None = None
         self.max: int | float | None = None
@@ -146,19 +164,31 @@ class _NumericAccumulator:
             self.missing += 1
             return
         self.count += 1
-        for raw in values:
-            number = _as_number(raw)
-            if number is None:
-                continue
-            self.moments.add(number)
+        if _finite_plain_numbers(values):
+            numbers_read = values
+        else:
+            numbers_read = [n for n in map(_as_number, values) if n is not None]
+            if not numbers_read:
+                return
+        self.pending.update(numbers_read)
+        low, high = min(numbers_read), max(numbers_read)
+        self.min = low if self.min is None else min(self.min, low)
+        self.max = high if self.max is None else max(self.max, high)
+        if len(self.pending) > _PENDING_LIMIT:
+            self._fold()
+
+    def _fold(self) -> None:
+        """Move the pending values into the exact moments."""
+        for number, occurrences in self.pending.items():
+            self.moments.add(number, occurrences)
             if self.read is not None:
-                self.read.add(self._spec.as_model_reads(number))
-            self.min = number if self.min is None else min(self.min, number)
-            self.max = number if self.max is None else max(self.max, number)
+                self.read.add(self._spec.as_model_reads(number), occurrences)
+        self.pending.clear()
 
     def merge(self, other: _NumericAccumulator) -> None:
         self.count += other.count
         self.missing += other.missing
+        self.pending.update(other.pending)
         self.moments.merge(other.moments)
         if self.read is not None and other.read is not None:
             self.read.merge(other.read)
@@ -166,8 +196,11 @@ class _NumericAccumulator:
             mine, theirs = getattr(self, extreme), getattr(other, extreme)
             if theirs is not None:
                 setattr(self, extreme, theirs if mine is None else pick(mine, theirs))
+        if len(self.pending) > _PENDING_LIMIT:
+            self._fold()
 
     def result(self, spec: FeatureSpec) -> dict[str, Any]:
+        self._fold()
         as_output = int if spec.dtype == "int64" else float
         stats: dict[str, Any] = {
             "type": "numeric",
