@@ -1,4 +1,4 @@
-"""Beam's parameter lookups, remembered per function: the same answers, asked once, freed."""
+"""Beam's parameter and state lookups, remembered: the same answers, asked once, freed."""
 
 from __future__ import annotations
 
@@ -102,6 +102,7 @@ def test_the_cache_does_not_keep_a_pipelines_functions_alive() -> None:
 def test_a_stateful_dofn_keeps_its_state_through_the_cache() -> None:
     beam_introspection.install()
     assert core.get_function_args_defaults is beam_introspection.function_args_defaults
+    assert beam.transforms.userstate.get_dofn_specs is beam_introspection.dofn_specs
 
     with TestPipeline(runner=IN_PROCESS_RUNNER) as pipeline:
         counts = (
@@ -111,3 +112,51 @@ def test_a_stateful_dofn_keeps_its_state_through_the_cache() -> None:
             | beam.CombinePerKey(max)
         )
         assert_that(counts, equal_to([("a", 2), ("b", 1)]))
+
+
+class Holder:
+    """An object whose stateful method a Map wraps: the DoFn holds it bound."""
+
+    def count(self, element, seen=beam.DoFn.StateParam(Counting.SEEN)):  # noqa: ANN001, ANN201, B008
+        return element
+
+
+@pytest.mark.parametrize(
+    "dofn",
+    [
+        Counting(),
+        core.CallableWrapperDoFn(lambda element: element),
+        core.CallableWrapperDoFn(Holder().count),
+    ],
+    ids=["stateful class", "wrapped lambda", "wrapped stateful bound method"],
+)
+def test_dofn_specs_are_beams_own(dofn: beam.DoFn) -> None:
+    assert beam_introspection.dofn_specs(dofn) == beam_introspection._dofn_specs(dofn)
+
+
+def test_dofn_specs_are_asked_once_per_class_unless_a_bound_method_is_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[object] = []
+    original = beam_introspection._dofn_specs
+
+    def counted(dofn: object) -> tuple[set[object], set[object]]:
+        asked.append(dofn)
+        return original(dofn)
+
+    monkeypatch.setattr(beam_introspection, "_dofn_specs", counted)
+
+    class Fresh(beam.DoFn):
+        def process(self, element, seen=beam.DoFn.StateParam(Counting.SEEN)):  # noqa: ANN001, ANN202, B008
+            yield element
+
+    first = beam_introspection.dofn_specs(Fresh())
+    first[0].clear()
+    second = beam_introspection.dofn_specs(Fresh())
+    holders = [core.CallableWrapperDoFn(Holder().count) for _ in range(2)]
+    for holder in holders:
+        beam_introspection.dofn_specs(holder)
+
+    assert second == ({Counting.SEEN}, set())
+    assert len(asked) == 3  # Fresh once; each bound-method holder on its own
+
