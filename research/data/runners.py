@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-from research.data import beam_introspection
+from research.data import beam_introspection, beam_pickling
 
 IN_PROCESS_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
 DASK_RUNNER = "research.data.dask_runner.DaskRunner"
@@ -28,8 +28,10 @@ CLUSTER_OPTIONS = frozenset({"--dask_client_address", "--dask_scheduler_file"})
 View = TypeVar("View", bound=PipelineOptions)
 
 # Whoever chooses a runner is about to build a pipeline: from here on, Beam inspects each
-# function's parameters once (see ``beam_introspection``).
+# function's parameters once (see ``beam_introspection``) and compresses each distinct
+# pickled function once (see ``beam_pickling``).
 beam_introspection.install()
+beam_pickling.install()
 
 
 class BuildOptions(PipelineOptions):

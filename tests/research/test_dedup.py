@@ -324,12 +324,12 @@ def test_near_finds_planted_near_duplicates_with_high_precision_and_recall(
 
 def test_near_results_are_the_same_on_every_run(corpus, tmp_path: Path) -> None:
     records, _ = corpus
-    sample = records[:1200]
+    sample = records[:400]
     spec = NearDedupSpec(field="text", threshold=0.8, shingle="char", ngram=5, num_perm=64)
     first, _ = run(sample, near(tmp_path, spec), tmp_path)
     second, _ = run(list(reversed(sample)), near(tmp_path, spec), tmp_path)
     assert first == second
-    assert len(first) < len(sample)
+    assert len(first) < len(sample) - 10
 
 
 # --------------------------------------------------------------------------- dropped.jsonl
@@ -377,7 +377,7 @@ def test_a_chain_of_near_duplicates_names_the_record_that_survived(tmp_path: Pat
 
 def test_dropped_entries_are_the_same_on_every_run(corpus, tmp_path: Path) -> None:
     records, _ = corpus
-    sample = records[:600]
+    sample = records[:300]
     spec = NearDedupSpec(field="text", threshold=0.8)
     (tmp_path / "first").mkdir()
     (tmp_path / "second").mkdir()
