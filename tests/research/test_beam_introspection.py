@@ -159,4 +159,3 @@ def test_dofn_specs_are_asked_once_per_class_unless_a_bound_method_is_held(
 
     assert second == ({Counting.SEEN}, set())
     assert len(asked) == 3  # Fresh once; each bound-method holder on its own
-
