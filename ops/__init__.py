@@ -1,1 +1,3 @@
 """Ops: the canary rollout controller and deploy assets."""
+
+import contracts  # noqa: F401  (first: it chooses Keras 2 before TensorFlow loads)

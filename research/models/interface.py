@@ -65,7 +65,8 @@ def _check_is_keras_model(model: Any, source: str) -> None:
         raise ModelInterfaceError(
             f"{source}: expected a tf_keras Model, got a Keras 3 object. Slipway trains "
             "Keras 2 models (the compression tools work only with them): build it with "
-            f"`import tf_keras as keras`, not `import keras` or `tf.keras`. Received: {name}"
+            f"`import tf_keras as keras` (or `tf.keras`, which is tf_keras in Slipway), not "
+            f"`import keras`. Received: {name}"
         )
     raise ModelInterfaceError(f"{source}: expected a tf_keras Model. Received: {name}")
 
