@@ -4,12 +4,12 @@ on the way, unless a user chose otherwise before starting it."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
 import tf_keras as keras
+
+from tests.support.fresh_interpreter import run_python
 
 
 def test_tf_keras_is_the_keras_the_project_builds_with() -> None:
@@ -25,14 +25,8 @@ def loaded_after(statement: str, choice: str | None = None) -> set[str]:
     environment = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
     if choice is not None:
         environment["TF_USE_LEGACY_KERAS"] = choice
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-        env=environment,
-    )
+    result = run_python(script, environment=environment)
+    assert result.returncode == 0, result.stderr[-3000:]
     return set(result.stdout.split())
 
 

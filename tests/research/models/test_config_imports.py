@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPOSITORY = Path(__file__).resolve().parents[3]
+from tests.support.fresh_interpreter import run_python
 
 
 @pytest.mark.process  # only a fresh interpreter shows what an import loads
@@ -18,12 +14,5 @@ def test_configs_import_no_tensorflow(module: str) -> None:
         f"import {module}, sys; "
         "assert 'tensorflow' not in sys.modules and 'tf_keras' not in sys.modules"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", check],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPOSITORY,
-        check=False,
-    )
+    result = run_python(check, timeout=60)
     assert result.returncode == 0, result.stderr[-3000:]
