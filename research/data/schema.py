@@ -20,6 +20,7 @@ from typing import Any
 import apache_beam as beam
 from PIL import Image
 
+from contracts.features import plain_numbers
 from contracts.yaml_config import ConfigError
 from research.data.feature_names import feature_names
 from research.data.image_cells import ImageCellError, image_cell_bytes
@@ -42,7 +43,6 @@ from research.data.values import (
     ImageDecodeError,
     decode_image,
     parse_number,
-    plain_numbers,
     preview,
     to_channels,
 )

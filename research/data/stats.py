@@ -33,10 +33,9 @@ from typing import Any
 import apache_beam as beam
 
 from contracts.dataset_manifest import QUANTILES
-from contracts.features import FeatureSpec
+from contracts.features import FeatureSpec, plain_numbers
 from research.data.categories import frequency_rank
 from research.data.records import TOKEN_COUNTS
-from research.data.values import plain_numbers
 
 MAX_FREQUENCIES = 1000
 

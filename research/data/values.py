@@ -21,19 +21,6 @@ _LEADING_ZERO = re.compile(r"[+-]?0\d")
 _PREVIEW_CHARS = 80
 
 
-_PLAIN_NUMBER_TYPES = frozenset({int, float})
-
-
-def plain_numbers(values: list[Any] | tuple[Any, ...]) -> bool:
-    """Whether every value is a Python ``int`` or ``float`` (not a bool, a string or None).
-
-    Such a list takes the fast paths of conformance and statistics, which read it with
-    the C-level builtins (``min``, ``max``, ``map``) instead of one value at a time: a
-    64-value vector per record is most of a numeric dataset's build otherwise.
-    """
-    return bool(values) and set(map(type, values)) <= _PLAIN_NUMBER_TYPES
-
-
 def parse_number(text: str) -> int | float | None:
     """The number a string spells (CSV cells are strings), or None if it spells none."""
     stripped = text.strip()

@@ -56,17 +56,23 @@ def test_answers_are_beams_own(function: object) -> None:
     )
 
 
+def asked_of(monkeypatch: pytest.MonkeyPatch, lookup: str) -> list[object]:
+    """Everything Beam's own ``lookup`` (as beam_introspection holds it) is asked about."""
+    asked: list[object] = []
+    original = getattr(beam_introspection, lookup)
+
+    def counted(subject: object) -> object:
+        asked.append(subject)
+        return original(subject)
+
+    monkeypatch.setattr(beam_introspection, lookup, counted)
+    return asked
+
+
 def test_a_function_is_inspected_once_and_each_caller_gets_its_own_lists(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    inspected: list[object] = []
-    original = beam_introspection._inspect
-
-    def counted(function: object) -> tuple[list[str], list[object]]:
-        inspected.append(function)
-        return original(function)
-
-    monkeypatch.setattr(beam_introspection, "_inspect", counted)
+    inspected = asked_of(monkeypatch, "_inspect")
 
     def fresh(element, scale=2):  # noqa: ANN001, ANN202
         return element * scale
@@ -137,14 +143,7 @@ def test_dofn_specs_are_beams_own(dofn: beam.DoFn) -> None:
 def test_dofn_specs_are_asked_once_per_class_unless_a_bound_method_is_held(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    asked: list[object] = []
-    original = beam_introspection._dofn_specs
-
-    def counted(dofn: object) -> tuple[set[object], set[object]]:
-        asked.append(dofn)
-        return original(dofn)
-
-    monkeypatch.setattr(beam_introspection, "_dofn_specs", counted)
+    asked = asked_of(monkeypatch, "_dofn_specs")
 
     class Fresh(beam.DoFn):
         def process(self, element, seen=beam.DoFn.StateParam(Counting.SEEN)):  # noqa: ANN001, ANN202, B008
